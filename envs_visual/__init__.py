@@ -1,0 +1,1 @@
+"""Visual grid environments (gymnasium API). Imports neither torch nor vagen."""

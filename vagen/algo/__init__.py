@@ -1,0 +1,85 @@
+"""Pure tensor math of the trainer: advantages, losses, StarPO-S filters, collapse diagnostics.
+
+Depends only on torch; every function runs on small hand-made tensors.
+"""
+
+from vagen.algo.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
+    AdvantageInputs,
+    AdvantageParams,
+    bilevel_gae,
+    broadcast,
+    broadcast_turns,
+    gather_turns,
+    gigpo,
+    grpo,
+    masked_gae,
+    rloo,
+    turn_gae,
+    turn_index,
+    whiten,
+)
+from vagen.algo.diagnostics import (
+    CollapseDetector,
+    DetectorFlags,
+    TemplateScore,
+    masked_entropy_mean,
+    mean_group_return_std,
+    template_score,
+)
+from vagen.algo.filters import GROUP_FILTERS, keep_top_std_groups, keep_top_variance_share
+from vagen.algo.groups import GroupStats, group_stats
+from vagen.algo.losses import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    PolicyLossStats,
+    ValueLossStats,
+    entropy_from_logits,
+    kl,
+    masked_mean,
+    ppo_policy_loss,
+    stats_to_floats,
+    value_loss,
+)
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "GROUP_FILTERS",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "AdvantageEstimator",
+    "AdvantageInputs",
+    "AdvantageParams",
+    "CollapseDetector",
+    "DetectorFlags",
+    "GroupStats",
+    "PolicyLossStats",
+    "TemplateScore",
+    "ValueLossStats",
+    "bilevel_gae",
+    "broadcast",
+    "broadcast_turns",
+    "entropy_from_logits",
+    "gather_turns",
+    "gigpo",
+    "group_stats",
+    "grpo",
+    "keep_top_std_groups",
+    "keep_top_variance_share",
+    "kl",
+    "masked_entropy_mean",
+    "masked_gae",
+    "masked_mean",
+    "mean_group_return_std",
+    "ppo_policy_loss",
+    "rloo",
+    "stats_to_floats",
+    "template_score",
+    "turn_gae",
+    "turn_index",
+    "value_loss",
+    "whiten",
+]

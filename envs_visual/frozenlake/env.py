@@ -1,0 +1,180 @@
+"""Visual FrozenLake: gymnasium's FrozenLakeEnv dynamics on seeded random maps, image + grid observations.
+
+The map comes from the reset seed (gymnasium's `generate_random_map(size, p, seed)`); slips come
+from the wrapped FrozenLakeEnv's own RNG, seeded with `options["dynamics_seed"]` when given, so the
+members of a group can share a map and still slip differently.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_map
+
+from envs_visual.facts import Fact, adjacent_facts, relative_facts
+from envs_visual.render import TileRenderer
+
+ACTION_NAMES = ("Up", "Down", "Left", "Right")
+GYM_ACTIONS = (3, 1, 0, 2)  # our action id -> FrozenLakeEnv's (LEFT=0, DOWN=1, RIGHT=2, UP=3)
+MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1))
+
+# Tile codes: the cell letter's code, or a player code on the player's cell.
+TILE_NAMES = (
+    "frozenlake_ice",
+    "frozenlake_hole",
+    "frozenlake_goal",
+    "frozenlake_start",
+    "frozenlake_player",
+    "frozenlake_player_in_hole",
+    "frozenlake_player_on_goal",
+)
+LETTER_CODES = {"F": 0, "H": 1, "G": 2, "S": 3}
+PLAYER_CODES = {"F": 4, "S": 4, "H": 5, "G": 6}
+GRID_CHARSET = "SFHGP\n"
+
+INSTRUCTION = (
+    "You are playing FrozenLake. Walk from the start to the goal over the frozen lake without "
+    "falling into a hole. You move one cell per action; moving into the edge leaves you in place."
+)
+SLIPPERY_NOTE = " The ice is slippery: a move may carry you sideways instead of where you meant to go."
+IMAGE_LEGEND = (
+    "In the image: light blue cells are ice, dark blue ovals are holes, the gift box is the goal, "
+    "the green frame is the start, and the orange figure is you, the player."
+)
+TEXT_LEGEND = "In the grid: 'P' you, 'S' start, 'F' frozen ice, 'H' hole, 'G' goal. Row 1 is the top row."
+
+
+def shortest_path_length(desc: list[str]) -> int | None:
+    """Fewest moves from S to G on the non-slippery map, stepping on no hole (BFS); None if none."""
+    rows, cols = len(desc), len(desc[0])
+    start = next((r, c) for r in range(rows) for c in range(cols) if desc[r][c] == "S")
+    distance = {start: 0}
+    queue = deque([start])
+    while queue:
+        row, col = queue.popleft()
+        if desc[row][col] == "G":
+            return distance[(row, col)]
+        for d_row, d_col in MOVES:
+            cell = (row + d_row, col + d_col)
+            if 0 <= cell[0] < rows and 0 <= cell[1] < cols and desc[cell[0]][cell[1]] != "H":
+                if cell not in distance:
+                    distance[cell] = distance[(row, col)] + 1
+                    queue.append(cell)
+    return None
+
+
+class VisualFrozenLakeEnv(gymnasium.Env):
+    """FrozenLake with actions ("Up", "Down", "Left", "Right") and {"image", "text"} observations.
+
+    Terminates in a hole or on the goal (gymnasium's rules and rewards, `reward_schedule`
+    = (goal, hole, frozen)); truncates after `max_steps` steps.
+    info: success, optimal_steps (BFS on the non-slippery map), action_is_effective.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+    action_names = ACTION_NAMES
+    image_legend = IMAGE_LEGEND
+    text_legend = TEXT_LEGEND
+    example_facts = (("goal", "below"), ("goal", "right"), ("hole", "left"))
+
+    def __init__(
+        self,
+        size: int = 4,
+        p: float = 0.8,
+        is_slippery: bool = False,
+        success_rate: float = 1.0 / 3.0,
+        reward_schedule: tuple[float, float, float] = (1.0, 0.0, 0.0),
+        max_steps: int = 100,
+        cell_size: int = 28,
+        render_mode: str | None = "rgb_array",
+    ):
+        self.size, self.p = size, p
+        self.lake_options = dict(
+            is_slippery=is_slippery, success_rate=success_rate, reward_schedule=reward_schedule
+        )
+        self.instruction = INSTRUCTION + (SLIPPERY_NOTE if is_slippery else "")
+        self.max_steps = max_steps
+        self.render_mode = render_mode
+        self.renderer = TileRenderer(TILE_NAMES, cell_size)
+        self.action_space = spaces.Discrete(4)
+        self.observation_space = spaces.Dict(
+            {
+                "image": spaces.Box(0, 255, (size * cell_size, size * cell_size, 3), np.uint8),
+                "text": spaces.Text(max_length=size * (size + 1), charset=GRID_CHARSET),
+            }
+        )
+        self.lake: FrozenLakeEnv | None = None
+        self.desc: list[str] = []
+        self.layout_key = ""
+        self.optimal_steps: int | None = None
+        self.num_steps = 0
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """options: {"dynamics_seed": int} seeds the slips; {"map": list[str]} plays a given map."""
+        super().reset(seed=seed)
+        options = options or {}
+        level_seed, dynamics_seed = (int(x) for x in self.np_random.integers(0, 2**31, size=2))
+        desc = (
+            list(options["map"]) if "map" in options else generate_random_map(self.size, self.p, level_seed)
+        )
+        letters = "".join(desc)
+        if len(desc) != self.size or any(len(row) != self.size for row in desc):
+            raise ValueError(f"map must be {self.size} rows of {self.size} letters (env size), got {desc}")
+        if set(letters) - set(LETTER_CODES) or letters.count("S") != 1 or "G" not in letters:
+            raise ValueError(f"map needs letters S, F, H, G only, one S and a G, got {desc}")
+        if desc != self.desc:
+            self.lake = FrozenLakeEnv(desc=desc, **self.lake_options)
+            self.desc = desc
+            self.layout_key = "\n".join(desc)
+            self.optimal_steps = shortest_path_length(desc)
+            self._static_codes = np.array([[LETTER_CODES[ch] for ch in row] for row in desc])
+        self.lake.reset(seed=int(options.get("dynamics_seed", dynamics_seed)))
+        self.num_steps = 0
+        return self._observation(), self._info(action_is_effective=False)
+
+    def step(self, action: int):
+        if not self.action_space.contains(action):
+            raise ValueError(f"action must be an int in [0, 4), got {action!r}")
+        before = self.lake.s
+        _, reward, terminated, _, _ = self.lake.step(GYM_ACTIONS[int(action)])
+        self.num_steps += 1
+        truncated = not terminated and self.num_steps >= self.max_steps
+        return self._observation(), float(reward), terminated, truncated, self._info(self.lake.s != before)
+
+    @property
+    def player(self) -> tuple[int, int]:
+        return divmod(int(self.lake.s), self.size)
+
+    def render(self) -> np.ndarray:
+        codes = self._static_codes.copy()
+        row, col = self.player
+        codes[row, col] = PLAYER_CODES[self.desc[row][col]]
+        return self.renderer.render(codes)
+
+    def text_grid(self) -> str:
+        row, col = self.player
+        rows = list(self.desc)
+        rows[row] = rows[row][:col] + "P" + rows[row][col + 1 :]
+        return "\n".join(rows)
+
+    def describe_state(self) -> list[Fact]:
+        """The goal's relations to the player, then the sides of adjacent holes (see envs_visual.facts)."""
+        cells = [(r, c) for r, line in enumerate(self.desc) for c, ch in enumerate(line)]
+        goal = [cell for cell in cells if self.desc[cell[0]][cell[1]] == "G"]
+        holes = [cell for cell in cells if self.desc[cell[0]][cell[1]] == "H"]
+        return relative_facts("goal", goal, self.player) + adjacent_facts("hole", holes, self.player)
+
+    def _observation(self) -> dict[str, Any]:
+        return {"image": self.render(), "text": self.text_grid()}
+
+    def _info(self, action_is_effective: bool) -> dict[str, Any]:
+        row, col = self.player
+        return {
+            "success": self.desc[row][col] == "G",
+            "optimal_steps": self.optimal_steps,
+            "action_is_effective": bool(action_is_effective),
+        }

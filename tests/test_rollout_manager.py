@@ -1,0 +1,217 @@
+"""The rollout manager on the real environments: seeds, episode ends, one engine call per turn, rewards,
+contexts, reproducibility and text-only mode with the tiny models."""
+
+import numpy as np
+import pytest
+import torch
+
+from vagen.models.loading import load_policy, load_processor
+from vagen.models.scoring import token_logprobs
+from vagen.rollout.config import EnvConfig, RolloutConfig
+from vagen.rollout.engines.base import Generation
+from vagen.rollout.engines.hf import HFEngine
+from vagen.rollout.evaluate import evaluate
+from vagen.rollout.manager import RolloutManager
+from vagen.rollout.seeds import SeedSchedule
+
+GOOD = "<think>go</think><answer>Down, Right</answer>"
+GROUNDED = (
+    "<think><observation>The goal is below the player and to the right of the player.</observation>"
+    "<reasoning>go</reasoning></think><answer>Down</answer>"
+)
+
+
+class ScriptedEngine:
+    """A GenerationEngine answering each prompt with the next scripted reply (+ <|im_end|>)."""
+
+    def __init__(self, tokenizer, replies: list[str]):
+        self.tokenizer, self.replies, self.calls = tokenizer, replies, []
+
+    def generate(self, prompts, params):
+        self.calls.append(prompts)
+        out = []
+        for i in range(len(prompts)):
+            reply = self.replies[(len(self.calls) - 1 + i) % len(self.replies)]
+            ids = self.tokenizer.encode(reply, add_special_tokens=False) + list(params.stop_token_ids)
+            out.append(Generation(ids, [-0.25] * len(ids), "stop"))
+        return out
+
+    def sync_weights(self, model):
+        pass
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_vlm_path):
+    return load_processor(tiny_vlm_path)
+
+
+def manager(processor, replies, env_id="envs_visual/FrozenLake-v0", env_kwargs=None, **rollout):
+    env_cfg = EnvConfig(env_id=env_id, env_kwargs=env_kwargs or {}, prompt_format="free_think")
+    cfg = RolloutConfig(**{"num_groups": 2, "group_size": 3, "max_turns": 3, **rollout})
+    return RolloutManager(env_cfg, cfg, ScriptedEngine(processor.tokenizer, replies), processor)
+
+
+def test_groups_share_levels_and_members_get_own_dynamics(processor):
+    m = manager(processor, [GOOD], env_kwargs={"is_slippery": True}, max_turns=1)
+    batch = m.train_batch()
+    episodes = batch.episodes
+    first = [ep.turns[0].frame for ep in episodes]
+    for g in range(2):
+        members = [i for i, ep in enumerate(episodes) if ep.group == g]
+        assert all(np.array_equal(first[members[0]], first[i]) for i in members)  # same initial state
+        assert len({episodes[i].dynamics_seed for i in members}) == 3  # own slip RNG per member
+    assert not np.array_equal(first[0], first[3])  # groups get different levels
+    assert batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
+    assert m.train_batch().episodes[0].level_seed == 2  # the training counter advanced
+
+
+def test_train_and_validation_seeds_never_overlap():
+    seeds = SeedSchedule(base_seed=0, train_start=0, val_start=50)
+    train = {s.level for _ in range(10) for s in seeds.next_train(5, 2)}
+    val = {s.level for s in seeds.validation(20, 2)}
+    assert train == set(range(50)) and not train & val
+    with pytest.raises(RuntimeError, match="exhausted"):
+        seeds.next_train(1, 2)
+    assert [s.level for s in seeds.validation(2, 1)] == [50, 51]  # validation levels are fixed
+    with pytest.raises(ValueError):
+        SeedSchedule(0, train_start=10, val_start=10)
+
+
+def test_one_engine_call_per_turn_and_finished_episodes_stop(processor):
+    # FrozenLake 4x4, actions Down, Right from the start: some levels end (hole / goal) before 3 turns.
+    m = manager(processor, [GOOD, "<think>x</think><answer>Left</answer>", "no tags"], max_turns=3)
+    batch = m.train_batch()
+    calls = m.engine.calls
+    live_per_turn = [sum(len(ep.turns) > t for ep in batch.episodes) for t in range(3)]
+    assert [len(c) for c in calls] == [n for n in live_per_turn if n] and live_per_turn[2] < 6
+    for ep in batch.episodes:
+        assert ep.end_reason in {"success", "failure", "max_turns"}
+        assert len(ep.turns) == 3 if ep.end_reason == "max_turns" else ep.end_reason in {"success", "failure"}
+    # Each turn's reward sits at its turn end; the row's rewards sum to the episode return.
+    for row in range(len(batch)):
+        assert batch.token_rewards[row].sum().item() == pytest.approx(
+            batch.episode_returns[row].item(), abs=1e-5
+        )
+        assert batch.turn_end[row].sum() == len(batch.episodes[row].turns)
+    assert torch.equal(batch.turn_end & ~batch.adv_mask, torch.zeros_like(batch.turn_end))
+    no_format = [t for ep in batch.episodes for t in ep.turns if t.reply == "no tags"]
+    assert no_format and all(not t.format_ok and t.reward == 0.0 and not t.actions for t in no_format)
+
+
+def test_action_and_context_budgets_end_episodes_cleanly(processor):
+    m = manager(processor, ["<think>a</think><answer>Left, Left</answer>"], max_actions_per_episode=3)
+    batch = m.train_batch()
+    assert all(ep.num_actions == 3 and ep.end_reason == "action_budget" for ep in batch.episodes)
+    assert [len(t.actions) for t in batch.episodes[0].turns] == [2, 1]  # the budget caps the last turn
+    first_prompt = len(m.engine.calls[0][0].token_ids)
+    m = manager(
+        processor,
+        [GOOD, "<think>b</think><answer>Up</answer>"],
+        max_context_tokens=first_prompt + 40,
+        max_new_tokens=20,
+    )
+    batch = m.train_batch()
+    assert {ep.end_reason for ep in batch.episodes} <= {"context_budget", "failure", "success"}
+    assert any(ep.end_reason == "context_budget" for ep in batch.episodes)
+    assert batch.attention_mask.sum(1).max() <= first_prompt + 40
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        manager(processor, [GOOD], max_context_tokens=50).train_batch()
+
+
+def test_window_rows_are_the_contexts_the_engine_saw(processor):
+    replies = ["<think>a</think><answer>Up</answer>", "<think>b</think><answer>Left</answer>"]
+    m = manager(processor, replies, env_id="envs_visual/Sokoban-v0", window=1, max_turns=4, num_groups=1)
+    batch = m.train_batch()
+    assert len(batch) > len(batch.episodes)  # window dropped turns: extra segments
+    rows = {}
+    for r in range(len(batch)):
+        rows.setdefault(int(batch.episode_ids[r]), []).append(
+            batch.input_ids[r][batch.attention_mask[r].bool()]
+        )
+    for call in m.engine.calls:
+        for prompt in call:
+            ids = torch.tensor(prompt.token_ids)
+            assert any(
+                len(row) > len(ids) and torch.equal(row[: len(ids)], ids) for e in rows for row in rows[e]
+            )
+    # Every row's images are the ones its pads stand for; select() keeps them with their rows.
+    picked = batch.select([len(batch) - 1, 0])
+    assert picked.images_per_row.tolist() == [batch.images_per_row[-1].item(), batch.images_per_row[0].item()]
+    pads = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert (picked.input_ids == pads).sum() == picked.vision.token_counts(2).sum()
+    assert picked.episode_ids.tolist() == [0, 1] and len(picked.episodes) == 2
+
+
+def test_reasoning_reward_added_to_turn_reward(processor):
+    env_cfg = EnvConfig(prompt_format="grounding", grounding_reward_weight=1.0, format_reward=0.5)
+    engine = ScriptedEngine(processor.tokenizer, [GROUNDED])
+    m = RolloutManager(env_cfg, RolloutConfig(num_groups=1, group_size=1, max_turns=1), engine, processor)
+    turn = m.train_batch().episodes[0].turns[0]
+    assert turn.grounding is not None and turn.reward == pytest.approx(turn.env_reward + turn.grounding)
+
+
+@pytest.fixture(scope="module")
+def tiny_text(tiny_text_path):
+    return load_policy(tiny_text_path)
+
+
+def test_text_only_sokoban_end_to_end_is_reproducible(tiny_text):
+    model, tokenizer = tiny_text
+    env_cfg = EnvConfig(env_id="envs_visual/Sokoban-v0", text_only=True, prompt_format="no_think")
+    cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=2, max_new_tokens=12, seed=3)
+    batches = [
+        RolloutManager(env_cfg, cfg, HFEngine(model, tokenizer), tokenizer).train_batch() for _ in range(2)
+    ]
+    a, b = batches
+    assert a.vision is None and torch.equal(a.input_ids, b.input_ids)
+    assert [t.reply for ep in a.episodes for t in ep.turns] == [
+        t.reply for ep in b.episodes for t in ep.turns
+    ]
+    assert a.loss_mask.sum() == sum(t.num_tokens for ep in a.episodes for t in ep.turns)
+    assert "#" in a.episodes[0].turns[0].observation  # the XSB grid as text
+    logp = a.rollout_logprobs[a.loss_mask]
+    assert (logp <= 0).all() and (logp < 0).any()
+
+
+def test_evaluate_plays_the_fixed_validation_levels(processor):
+    m = manager(processor, [GOOD, "oops"], max_turns=2, val_seed_start=1000)
+    summary, episodes = evaluate(m, num_levels=2, group_size=3)
+    assert sorted({ep.level_seed for ep in episodes}) == [1000, 1001] and summary.k == 3
+    assert (
+        summary.num_episodes == 6
+        and 0 <= summary.success_ci_low <= summary.success_rate <= summary.success_ci_high
+    )
+    assert summary.format_error_rate > 0 and m.seeds.train_levels_used == 0
+    again, _ = evaluate(m, num_levels=2, group_size=3)
+    assert again == summary
+
+
+def test_sampled_image_tokens_are_cut_so_contexts_stay_valid(processor):
+    # An untrained model can sample <|image_pad|>; fed back, it would pair with no image.
+    replies = ["<think>a<|image_pad|>b</think><answer>Up</answer>", "<|vision_start|>x"]
+    m = manager(processor, replies, max_turns=3, num_groups=1, group_size=2)
+    batch = m.train_batch()
+    cut = batch.episodes[0].turns[0]
+    assert cut.finish_reason == "banned_token" and cut.reply == "<think>a"
+    assert batch.episodes[1].end_reason == "banned_token" and not batch.episodes[1].turns
+    pads = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert (batch.input_ids == pads).sum() == batch.vision.token_counts(2).sum()
+
+
+@pytest.mark.parametrize(
+    ("env_id", "window"), [("envs_visual/FrozenLake-v0", None), ("envs_visual/Sokoban-v0", 0)]
+)
+def test_tiny_vlm_rollout_scores_back_to_the_sampled_logprobs(tiny_vlm_path, env_id, window):
+    # The row the update scores is the context the engine sampled from, so the model's log-probs of
+    # the sampled tokens on the batch rows equal the engine's (up to batching noise).
+    model, processor = load_policy(tiny_vlm_path)
+    env_cfg = EnvConfig(env_id=env_id, prompt_format="free_think")
+    cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=3, max_new_tokens=8, window=window, seed=1)
+    batch = RolloutManager(env_cfg, cfg, HFEngine(model, processor), processor).train_batch()
+    assert batch.vision is not None and (len(batch) == 4) == (window is None)  # window 0: turn 3 = new row
+    assert batch.loss_mask.sum() == sum(t.num_tokens for ep in batch.episodes for t in ep.turns)
+    assert batch.turn_end.sum() == sum(len(ep.turns) for ep in batch.episodes)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.vision, 4, False)
+    sampled = batch.loss_mask
+    assert torch.allclose(logp[sampled], batch.rollout_logprobs[sampled], atol=1e-3)

@@ -1,0 +1,101 @@
+"""Configuration of the environments and of the StarPO rollout (composed into vagen/config.py)."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SPAN_NAMES = ("think", "observation", "reasoning", "prediction", "answer")
+
+
+@dataclass
+class EnvConfig:
+    """One environment family played through the language layer (envs_visual.language.LanguageEnv)."""
+
+    env_id: str = field(
+        default="envs_visual/FrozenLake-v0",
+        metadata={"help": "gymnasium id, e.g. envs_visual/Sokoban-v0 or envs_visual/FrozenLake-v0"},
+    )
+    env_kwargs: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "keyword arguments for gymnasium.make (size, boxes, ...)"}
+    )
+    prompt_format: str = field(
+        default="free_think",
+        metadata={"help": "no_think | free_think | grounding | worldmodeling | grounding_worldmodeling"},
+    )
+    max_actions_per_turn: int = field(default=3, metadata={"help": "actions executed at most per reply"})
+    format_reward: float = field(default=0.5, metadata={"help": "reward for a well-formed reply"})
+    text_only: bool = field(default=False, metadata={"help": "text observations (grid as text), no images"})
+    grounding_reward_weight: float = field(
+        default=0.0, metadata={"help": "weight of the F1 of <observation> against the true state"}
+    )
+    worldmodel_reward_weight: float = field(
+        default=0.0, metadata={"help": "weight of the F1 of <prediction> against the true next state"}
+    )
+    template_penalty: float = field(
+        default=0.1,
+        metadata={"help": "penalty for repeating, within an episode, an identical low-scoring description"},
+    )
+    template_score_threshold: float = field(
+        default=0.5, metadata={"help": "a repeated description scoring below this F1 is penalised"}
+    )
+
+
+@dataclass
+class RolloutConfig:
+    """StarPO rollout: groups of episodes, turn and context budgets, sampling, masking by span."""
+
+    num_groups: int = field(default=8, metadata={"help": "G: groups per rollout; a group shares one level"})
+    group_size: int = field(default=4, metadata={"help": "n: episodes per group (same level, own dynamics)"})
+    max_turns: int = field(default=5, metadata={"help": "turns (replies) per episode at most"})
+    max_actions_per_episode: int = field(
+        default=20, metadata={"help": "total actions executed per episode at most (action budget)"}
+    )
+    window: int | None = field(
+        default=None,
+        metadata={
+            "help": "earlier turns kept in the context besides the first (task instructions, always kept); "
+            "None = full history (one row per episode)"
+        },
+    )
+    max_context_tokens: int = field(
+        default=4096,
+        metadata={"help": "an episode ends before a turn whose prompt + reply could exceed this"},
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold (1 = off)"})
+    top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)"})
+    max_new_tokens: int = field(default=128, metadata={"help": "tokens sampled per reply at most"})
+    engine: str = field(default="hf", metadata={"help": "generation engine: hf | vllm"})
+    chat_template: str | None = field(
+        default=None, metadata={"help": "path to a jinja chat template overriding the processor's own"}
+    )
+    loss_spans: str | list[str] = field(
+        default="all",
+        metadata={
+            "help": "tokens with policy loss: 'all' sampled tokens or a subset of " + ", ".join(SPAN_NAMES)
+        },
+    )
+    adv_spans: str | list[str] = field(
+        default="all", metadata={"help": "tokens visited by the advantage recursion: 'all' or span names"}
+    )
+    train_seed_start: int = field(default=0, metadata={"help": "first training level seed"})
+    val_seed_start: int = field(
+        default=10**9, metadata={"help": "first validation level seed; training seeds stay below it"}
+    )
+    seed: int = field(default=0, metadata={"help": "base seed of sampling and env dynamics"})
+
+    def __post_init__(self) -> None:
+        for name in ("loss_spans", "adv_spans"):
+            spans = getattr(self, name)
+            if spans != "all" and (isinstance(spans, str) or not set(spans) <= set(SPAN_NAMES) or not spans):
+                raise ValueError(
+                    f"rollout.{name} must be 'all' or a non-empty subset of {SPAN_NAMES}: {spans!r}"
+                )
+        if self.window is not None and self.window < 0:
+            raise ValueError(f"rollout.window must be None or >= 0, got {self.window}")
+        if self.train_seed_start >= self.val_seed_start:
+            raise ValueError(
+                "rollout.train_seed_start must be below rollout.val_seed_start (disjoint ranges)"
+            )
+        for name in ("num_groups", "group_size", "max_turns", "max_actions_per_episode", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")

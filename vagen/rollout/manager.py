@@ -1,0 +1,231 @@
+"""StarPO rollout manager: G groups x n members of multi-turn episodes, played in lock step.
+
+Each turn, every live episode's context is assembled (vagen.rollout.assembly), all of them go to ONE
+engine.generate call, and each reply is parsed and executed by its LanguageEnv. An episode ends on
+success or failure (env terminated / truncated), after `max_turns` replies, once it has executed
+`max_actions_per_episode` actions, or when the next prompt plus `max_new_tokens` would exceed
+`max_context_tokens` (that turn is then not played). Finished episodes stop generating.
+A reply holding an image token (which could not be fed back) is cut before it, like a length cut; one
+that starts with it ends the episode ("banned_token").
+"""
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import gymnasium as gym
+
+import envs_visual  # noqa: F401  (registers the environments)
+from envs_visual.language import LanguageEnv
+from vagen.rollout.assembly import ChatCodec, EpisodeAssembler
+from vagen.rollout.batch import EpisodeRecord, RolloutBatch, TurnRecord, build_batch
+from vagen.rollout.config import EnvConfig, RolloutConfig
+from vagen.rollout.engines.base import Generation, GenerationEngine, Prompt, SamplingParams
+from vagen.rollout.reasoning import score_reasoning
+from vagen.rollout.seeds import EpisodeSeeds, SeedSchedule, derive_seed
+
+
+def make_language_env(cfg: EnvConfig) -> LanguageEnv:
+    return LanguageEnv(
+        gym.make(cfg.env_id, **cfg.env_kwargs),
+        prompt_format=cfg.prompt_format,
+        max_actions_per_turn=cfg.max_actions_per_turn,
+        format_reward=cfg.format_reward,
+        text_only=cfg.text_only,
+    )
+
+
+def read_chat_template(path: str | None) -> str | None:
+    return Path(path).read_text() if path is not None else None
+
+
+class _Episode:
+    """Live state of one episode during a rollout."""
+
+    def __init__(self, seeds: EpisodeSeeds, env: LanguageEnv, assembler: EpisodeAssembler) -> None:
+        self.env = env
+        self.assembler = assembler
+        self.record = EpisodeRecord(seeds.group, seeds.member, seeds.level, seeds.dynamics)
+        self.observation = None
+        self.seen_descriptions: set[str] = set()
+        self.live = True
+
+    def end(self, reason: str) -> None:
+        self.live = False
+        self.record.end_reason = reason
+        images = self.observation.images
+        self.record.final_frame = images[0] if images else None
+        self.record.final_observation = self.observation.text
+        self.record.new_segments_by_template = self.assembler.num_new_segments_by_template
+
+
+class RolloutManager:
+    """Collects RolloutBatches: `train_batch()` on fresh training levels, `collect(seeds)` on given ones.
+
+    `timings` holds the seconds spent in the last collect: generate, env (reset + step, rendering
+    included), assemble (templates, tokenising, images), reward (reasoning matcher), batch (collation).
+    """
+
+    def __init__(
+        self, env_cfg: EnvConfig, cfg: RolloutConfig, engine: GenerationEngine, processor_or_tokenizer
+    ) -> None:
+        self.env_cfg = env_cfg
+        self.cfg = cfg
+        self.engine = engine
+        self.codec = ChatCodec(processor_or_tokenizer, read_chat_template(cfg.chat_template))
+        self.seeds = SeedSchedule(cfg.seed, cfg.train_seed_start, cfg.val_seed_start)
+        self.envs: list[LanguageEnv] = []
+        self.timings: dict[str, float] = {}
+
+    def train_batch(self) -> RolloutBatch:
+        """G groups x n members on the next G training levels."""
+        return self.collect(self.seeds.next_train(self.cfg.num_groups, self.cfg.group_size))
+
+    def validation_batch(
+        self, num_groups: int, group_size: int, temperature: float | None = None
+    ) -> RolloutBatch:
+        """The first `num_groups` validation levels x `group_size` members (the same every call)."""
+        return self.collect(self.seeds.validation(num_groups, group_size), temperature)
+
+    def sampling_params(
+        self, episode_seeds: list[EpisodeSeeds], turn: int, temperature: float | None
+    ) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.cfg.temperature if temperature is None else temperature,
+            top_p=self.cfg.top_p,
+            top_k=self.cfg.top_k,
+            max_new_tokens=self.cfg.max_new_tokens,
+            stop_token_ids=list(self.codec.stop_token_ids),
+            # Keyed by the levels played: a rollout is reproducible, validation replays the same draws.
+            seed=derive_seed(self.cfg.seed, episode_seeds[0].level, len(episode_seeds), turn),
+        )
+
+    def collect(self, episode_seeds: list[EpisodeSeeds], temperature: float | None = None) -> RolloutBatch:
+        """Play one episode per entry of `episode_seeds` to its end; returns their rows."""
+        timings: dict[str, float] = defaultdict(float)
+        while len(self.envs) < len(episode_seeds):
+            self.envs.append(make_language_env(self.env_cfg))
+        episodes = []
+        for seeds, env in zip(episode_seeds, self.envs, strict=False):
+            assembler = EpisodeAssembler(
+                self.codec, env.system_prompt, self.cfg.window, self.env_cfg.text_only
+            )
+            episode = _Episode(seeds, env, assembler)
+            start = time.perf_counter()
+            env.max_actions_per_turn = self.env_cfg.max_actions_per_turn
+            episode.observation, _ = env.reset(seed=seeds.level, options={"dynamics_seed": seeds.dynamics})
+            timings["env"] += time.perf_counter() - start
+            episodes.append(episode)
+        for turn in range(self.cfg.max_turns):
+            playing, prompts = [], []
+            start = time.perf_counter()
+            for episode in (e for e in episodes if e.live):
+                prompt = self._prompt(episode, turn)
+                if prompt is not None:
+                    playing.append(episode)
+                    prompts.append(prompt)
+            timings["assemble"] += time.perf_counter() - start
+            if not playing:
+                break
+            start = time.perf_counter()
+            generations = self.engine.generate(
+                prompts, self.sampling_params(episode_seeds, turn, temperature)
+            )
+            timings["generate"] += time.perf_counter() - start
+            for episode, generation in zip(playing, generations, strict=True):
+                self._play(episode, generation, turn, timings)
+        for episode in episodes:
+            if episode.live:
+                episode.end("max_turns")
+        start = time.perf_counter()
+        batch = build_batch(
+            [e.assembler.segments for e in episodes], [e.record for e in episodes], self.codec.pad_token_id
+        )
+        timings["batch"] += time.perf_counter() - start
+        self.timings = dict(timings)
+        return batch
+
+    def _prompt(self, episode: _Episode, turn: int) -> Prompt | None:
+        """The engine prompt of the episode's next turn, or None (episode ended) past the context budget."""
+        pending = episode.assembler.prepare(episode.observation.text, episode.observation.images)
+        if pending.prompt_length + self.cfg.max_new_tokens <= self.cfg.max_context_tokens:
+            token_ids, images = episode.assembler.commit(pending)
+            return Prompt(token_ids=token_ids, images=images)
+        if turn == 0:
+            raise ValueError(
+                f"the first prompt has {pending.prompt_length} tokens; with max_new_tokens="
+                f"{self.cfg.max_new_tokens} it exceeds "
+                f"rollout.max_context_tokens={self.cfg.max_context_tokens}"
+            )
+        episode.assembler.withdraw()
+        episode.end("context_budget")
+        return None
+
+    def _without_banned_tokens(self, generation: Generation) -> tuple[list[int], list[float], str]:
+        """The sampled ids up to the first image token (CONTEXT_ONLY_TOKENS), if any: a prefix of what
+        was sampled, treated like a length cut (finish reason "banned_token")."""
+        token_ids, logprobs = list(generation.token_ids), list(generation.logprobs)
+        for position, token_id in enumerate(token_ids):
+            if token_id in self.codec.banned_token_ids:
+                return token_ids[:position], logprobs[:position], "banned_token"
+        return token_ids, logprobs, generation.finish_reason
+
+    def _play(self, episode: _Episode, generation: Generation, turn: int, timings: dict[str, float]) -> None:
+        """Record the reply, execute it, score it, and end the episode if it is over."""
+        start = time.perf_counter()
+        assembler, seen = episode.assembler, episode.observation
+        token_ids, logprobs, finish_reason = self._without_banned_tokens(generation)
+        if not token_ids:
+            episode.end("banned_token")
+            return
+        stopped = token_ids[-1] in self.codec.stop_token_ids
+        reply = assembler.add_reply(token_ids, logprobs, stopped)
+        timings["assemble"] += time.perf_counter() - start
+        start = time.perf_counter()
+        remaining = self.cfg.max_actions_per_episode - episode.record.num_actions
+        episode.env.max_actions_per_turn = min(self.env_cfg.max_actions_per_turn, remaining)  # exact budget
+        observation, env_reward, terminated, truncated, info = episode.env.step(reply)
+        timings["env"] += time.perf_counter() - start
+        start = time.perf_counter()
+        parse = info["parse"]
+        reasoning = score_reasoning(
+            parse.texts,
+            info["state_facts_before"],
+            info["state_facts_after"],
+            self.env_cfg,
+            episode.seen_descriptions,
+        )
+        reward = float(env_reward) + reasoning.reward
+        timings["reward"] += time.perf_counter() - start
+        start = time.perf_counter()
+        assembler.finish_turn(reward, parse.spans, self.cfg.loss_spans, self.cfg.adv_spans)
+        timings["assemble"] += time.perf_counter() - start
+        record = episode.record
+        record.turns.append(
+            TurnRecord(
+                observation=seen.text,
+                frame=seen.images[0] if seen.images else None,
+                reply=reply,
+                finish_reason=finish_reason,
+                num_tokens=len(token_ids),
+                format_ok=bool(parse.format_ok),
+                actions=list(info["actions_executed"]),
+                num_invalid=int(info["num_invalid"]),
+                env_reward=float(env_reward),
+                reasoning_reward=reasoning.reward,
+                grounding=reasoning.grounding,
+                worldmodel=reasoning.worldmodel,
+                reward=reward,
+                texts=dict(parse.texts),
+            )
+        )
+        record.episode_return += reward
+        record.num_actions += len(info["actions_executed"])
+        record.success = bool(info.get("success", False))
+        episode.observation = observation
+        if terminated or truncated:
+            episode.end("success" if record.success else "failure" if terminated else "truncated")
+        elif record.num_actions >= self.cfg.max_actions_per_episode:
+            episode.end("action_budget")
+        elif turn + 1 == self.cfg.max_turns:
+            episode.end("max_turns")

@@ -112,6 +112,27 @@ def test_generation_stops_at_requested_token(vlm, prompts, engine_name, request)
     assert len(stopped[0].logprobs) == first + 1
 
 
+@pytest.mark.parametrize("engine_name", ["hf", "vllm"])
+def test_banned_tokens_are_never_sampled(vlm, prompts, engine_name, request):
+    """The untrained model samples image tokens at temperature 2; a ban keeps every one of them out."""
+    model, processor = vlm
+    engine = (
+        request.getfixturevalue("vllm_engine")
+        if engine_name == "vllm"
+        else make_engine("hf", model, processor)
+    )
+    free = SamplingParams(temperature=2.0, max_new_tokens=48, stop_token_ids=[0], seed=3)
+    sampled = {t for g in engine.generate(prompts * 4, free) for t in g.token_ids}
+    banned = sorted(sampled & set(range(3, 7)))  # <|vision_start|> ... <|video_pad|> in the tiny tokenizer
+    assert banned, "the test needs an untrained model that does sample special tokens"
+    params = SamplingParams(
+        temperature=2.0, max_new_tokens=48, stop_token_ids=[0], seed=3, banned_token_ids=banned
+    )
+    generations = engine.generate(prompts * 4, params)
+    assert not {t for g in generations for t in g.token_ids} & set(banned)
+    assert all(np.isfinite(g.logprobs).all() for g in generations)
+
+
 def test_after_update_and_sync_vllm_matches_updated_hf_and_stops_at_end_of_turn(vlm, vllm_engine, prompts):
     """Changing the policy, then syncing, changes vLLM's samples and log-probs to the new model's.
     The update makes <|im_end|> the greedy first token, so generation stops at the end of the turn."""

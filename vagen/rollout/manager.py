@@ -5,8 +5,9 @@ engine.generate call, and each reply is parsed and executed by its LanguageEnv. 
 success or failure (env terminated / truncated), after `max_turns` replies, once it has executed
 `max_actions_per_episode` actions, or when the next prompt plus `max_new_tokens` would exceed
 `max_context_tokens` (that turn is then not played). Finished episodes stop generating.
-A reply holding an image token (which could not be fed back) is cut before it, like a length cut; one
-that starts with it ends the episode ("banned_token").
+Engines never sample image tokens (SamplingParams.banned_token_ids); should an engine ignore the ban,
+a reply holding one (which could not be fed back) is cut before it, like a length cut, and one that
+starts with it ends the episode ("banned_token").
 """
 
 import time
@@ -96,6 +97,7 @@ class RolloutManager:
             top_k=self.cfg.top_k,
             max_new_tokens=self.cfg.max_new_tokens,
             stop_token_ids=list(self.codec.stop_token_ids),
+            banned_token_ids=sorted(self.codec.banned_token_ids),
             # Keyed by the levels played: a rollout is reproducible, validation replays the same draws.
             seed=derive_seed(self.cfg.seed, episode_seeds[0].level, len(episode_seeds), turn),
         )

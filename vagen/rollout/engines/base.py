@@ -36,6 +36,9 @@ class SamplingParams:
     max_new_tokens: int = 128
     stop_token_ids: list[int] = field(default_factory=list)  # empty -> the end-of-turn token (<|im_end|>)
     seed: int | None = None
+    # Never sampled (their probability is set to 0 before sampling): tokens that only the processor may
+    # place in a context, e.g. <|image_pad|>; fed back into the next prompt they break M-RoPE positions.
+    banned_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

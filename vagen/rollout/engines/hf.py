@@ -110,6 +110,7 @@ class HFEngine:
                     top_k=0,
                     top_p=1.0,
                     repetition_penalty=1.0,
+                    suppress_tokens=list(params.banned_token_ids) or None,
                     max_new_tokens=params.max_new_tokens,
                     eos_token_id=stop_ids,
                     pad_token_id=self.pad_id,

@@ -102,6 +102,8 @@ class VLLMEngine:
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(num_threads)
         self._sampling_params = vllm.SamplingParams
+        self.vocab_size = model.config.get_text_config().vocab_size
+        self._allowed_cache: dict[frozenset[int], list[int]] = {}
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         validate(params)
@@ -124,6 +126,7 @@ class VLLMEngine:
                     stop_token_ids=stop_ids,
                     logprobs=0,  # the sampled token's log-prob only
                     seed=None if params.seed is None else params.seed + index,
+                    allowed_token_ids=self._allowed_token_ids(params.banned_token_ids),
                     detokenize=False,
                 )
             )
@@ -137,6 +140,15 @@ class VLLMEngine:
             ]
             generations.append(cut_at_stop(token_ids, logprobs, set(stop_ids)))
         return generations
+
+    def _allowed_token_ids(self, banned_token_ids: list[int]) -> list[int] | None:
+        """vLLM bans tokens through an allow-list (the complement of the banned ids), cached per ban set."""
+        if not banned_token_ids:
+            return None
+        key = frozenset(banned_token_ids)
+        if key not in self._allowed_cache:
+            self._allowed_cache[key] = [i for i in range(self.vocab_size) if i not in key]
+        return self._allowed_cache[key]
 
     def sync_weights(self, model: torch.nn.Module) -> None:
         """Load `model`'s current weights (HF checkpoint names) into the engine, then drop what the old

@@ -5,7 +5,7 @@ lengths (ours from the generator, gym-sokoban's from our solver), then frames/s 
 gym-sokoban needs old gym, so it runs in its own interpreter: set GYM_SOKOBAN_PYTHON (default
 /tmp/gymsok-venv/bin/python, made with `python3 -m venv /tmp/gymsok-venv &&
 /tmp/gymsok-venv/bin/pip install gym-sokoban==0.0.6`); without it only our figures are printed.
-Usage: python bench/env_bench.py   (about 2-3 minutes; output kept in bench/results/env_bench.txt)
+Usage: python bench/env_bench.py   (about 1-2 minutes; output kept in bench/results/env_bench.txt)
 """
 
 from __future__ import annotations

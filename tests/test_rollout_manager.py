@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from vagen.models.loading import load_policy, load_processor
+from vagen.models.loading import load_policy, load_processor, model_inputs
 from vagen.models.scoring import token_logprobs
 from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.engines.base import Generation
@@ -62,7 +62,8 @@ def test_groups_share_levels_and_members_get_own_dynamics(processor):
         assert len({episodes[i].dynamics_seed for i in members}) == 3  # own slip RNG per member
     assert not np.array_equal(first[0], first[3])  # groups get different levels
     assert batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
-    assert m.train_batch().episodes[0].level_seed == 2  # the training counter advanced
+    # the training counter advanced (past seeds whose layout is held out for validation)
+    assert m.train_batch().episodes[0].level_seed > episodes[-1].level_seed
 
 
 def test_train_and_validation_seeds_never_overlap():
@@ -203,15 +204,24 @@ def test_sampled_image_tokens_are_cut_so_contexts_stay_valid(processor):
 )
 def test_tiny_vlm_rollout_scores_back_to_the_sampled_logprobs(tiny_vlm_path, env_id, window):
     # The row the update scores is the context the engine sampled from, so the model's log-probs of
-    # the sampled tokens on the batch rows equal the engine's (up to batching noise).
+    # the sampled tokens on the batch rows equal the engine's (up to batching noise), once the engine's
+    # renormalisation over the non-banned tokens (image tokens are never sampled) is taken into account.
     model, processor = load_policy(tiny_vlm_path)
     env_cfg = EnvConfig(env_id=env_id, prompt_format="free_think")
     cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=3, max_new_tokens=8, window=window, seed=1)
-    batch = RolloutManager(env_cfg, cfg, HFEngine(model, processor), processor).train_batch()
+    manager = RolloutManager(env_cfg, cfg, HFEngine(model, processor), processor)
+    batch = manager.train_batch()
     assert batch.vision is not None and (len(batch) == 4) == (window is None)  # window 0: turn 3 = new row
     assert batch.loss_mask.sum() == sum(t.num_tokens for ep in batch.episodes for t in ep.turns)
     assert batch.turn_end.sum() == sum(len(ep.turns) for ep in batch.episodes)
     with torch.no_grad():
         logp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, batch.vision, 4, False)
+        inputs = model_inputs(model.config, batch.input_ids, batch.attention_mask, batch.vision)
+        next_token_logp = torch.log_softmax(model(**inputs).logits.float(), dim=-1)  # (B, L, V)
+    banned = sorted(manager.codec.banned_token_ids)
+    banned_mass = next_token_logp[..., banned].logsumexp(-1).exp()  # (B, L): P(banned) for token i+1
+    renormalised = logp.clone()
+    renormalised[:, 1:] -= torch.log1p(-banned_mass[:, :-1])
     sampled = batch.loss_mask
-    assert torch.allclose(logp[sampled], batch.rollout_logprobs[sampled], atol=1e-3)
+    assert (banned_mass[:, :-1][sampled[:, 1:]] > 1e-3).all()  # the correction is not negligible
+    assert torch.allclose(renormalised[sampled], batch.rollout_logprobs[sampled], atol=1e-3)

@@ -16,11 +16,16 @@ from gymnasium import spaces
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_map
 
 from envs_visual.facts import Fact, adjacent_facts, relative_facts
+from envs_visual.frozenlake.planning import (
+    GYM_ACTIONS,
+    MOVES,
+    SlipperyPlan,
+    shortest_path_actions,
+    value_iteration,
+)
 from envs_visual.render import TileRenderer
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")
-GYM_ACTIONS = (3, 1, 0, 2)  # our action id -> FrozenLakeEnv's (LEFT=0, DOWN=1, RIGHT=2, UP=3)
-MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1))
 
 # Tile codes: the cell letter's code, or a player code on the player's cell.
 TILE_NAMES = (
@@ -167,6 +172,22 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         goal = [cell for cell in cells if self.desc[cell[0]][cell[1]] == "G"]
         holes = [cell for cell in cells if self.desc[cell[0]][cell[1]] == "H"]
         return relative_facts("goal", goal, self.player) + adjacent_facts("hole", holes, self.player)
+
+    def optimal_actions(self, max_actions: int) -> list[int]:
+        """Teacher: the first `max_actions` moves of a shortest path from the player to the goal on the
+        non-slippery map (ties: first action id); [] at the goal, in a hole or when the goal is cut off."""
+        return shortest_path_actions(self.desc, self.player, max_actions)
+
+    def optimal_plan(self, horizon: int) -> SlipperyPlan:
+        """Value iteration on the wrapped FrozenLakeEnv's true transition model (slips included):
+        the best success probability and policy for up to `horizon` steps; `plan.success[horizon, s0]`
+        is the optimal policy's success from the start cell s0 within the episode's action budget."""
+        return value_iteration(self.desc, self.lake.P, horizon)
+
+    @property
+    def start_state(self) -> int:
+        """Flat index (row * size + col) of the start cell."""
+        return "".join(self.desc).index("S")
 
     def _observation(self) -> dict[str, Any]:
         return {"image": self.render(), "text": self.text_grid()}

@@ -160,6 +160,15 @@ class SokobanEnv(gymnasium.Env):
     def text_grid(self) -> str:
         return to_xsb(self.level)
 
+    def optimal_actions(self, max_actions: int) -> list[int]:
+        """Teacher: the first `max_actions` moves of a shortest solution from the current state
+        (envs_visual.sokoban.solve); [] when solved, unsolvable (a box stuck) or past `solver_max_states`."""
+        try:
+            solution = solve(self.level, max_states=self.solver_max_states)
+        except SolverLimitError:
+            return []
+        return [] if solution is None else solution[:max_actions]
+
     def _inside(self, cell: tuple[int, int]) -> bool:
         return 0 <= cell[0] < self.dim_room[0] and 0 <= cell[1] < self.dim_room[1]
 

@@ -165,7 +165,8 @@ class ValueModel(nn.Module):
         hidden = self.backbone(
             **model_inputs(self.config, input_ids, attention_mask, vision)
         ).last_hidden_state
-        return self.value_head(hidden.float()).squeeze(-1)  # (B, L)
+        head_dtype = self.value_head.weight.dtype  # DeepSpeed bf16 casts the head with the backbone
+        return self.value_head(hidden.to(head_dtype)).float().squeeze(-1)  # (B, L)
 
     def save_pretrained(self, out_dir: str | Path) -> None:
         out_dir = Path(out_dir)

@@ -81,6 +81,17 @@ class RolloutConfig:
     val_seed_start: int = field(
         default=10**9, metadata={"help": "first validation level seed; training seeds stay below it"}
     )
+    holdout_val_layouts: bool = field(
+        default=True,
+        metadata={
+            "help": "validation levels have pairwise distinct layouts (env.layout_key) and training skips "
+            "every level whose layout is one of them; False = plain disjoint seed ranges"
+        },
+    )
+    num_val_layouts: int = field(
+        default=512,
+        metadata={"help": "validation layouts held out of training (most validation levels one can ask for)"},
+    )
     seed: int = field(default=0, metadata={"help": "base seed of sampling and env dynamics"})
 
     def __post_init__(self) -> None:
@@ -96,6 +107,13 @@ class RolloutConfig:
             raise ValueError(
                 "rollout.train_seed_start must be below rollout.val_seed_start (disjoint ranges)"
             )
-        for name in ("num_groups", "group_size", "max_turns", "max_actions_per_episode", "max_new_tokens"):
+        for name in (
+            "num_groups",
+            "group_size",
+            "max_turns",
+            "max_actions_per_episode",
+            "max_new_tokens",
+            "num_val_layouts",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")

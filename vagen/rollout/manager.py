@@ -12,6 +12,7 @@ starts with it ends the episode ("banned_token").
 
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -33,6 +34,28 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
         max_actions_per_turn=cfg.max_actions_per_turn,
         format_reward=cfg.format_reward,
         text_only=cfg.text_only,
+    )
+
+
+def layout_probe(cfg: EnvConfig) -> Callable[[int], str]:
+    """seed -> the layout key of the level that seed makes (one private env, reset only)."""
+    env = gym.make(cfg.env_id, **cfg.env_kwargs)
+
+    def layout_of(seed: int) -> str:
+        env.reset(seed=seed)
+        return env.unwrapped.layout_key
+
+    return layout_of
+
+
+def seed_schedule(env_cfg: EnvConfig, cfg: RolloutConfig) -> SeedSchedule:
+    """The run's level seeds; with `holdout_val_layouts`, validation layouts never appear in training."""
+    return SeedSchedule(
+        cfg.seed,
+        cfg.train_seed_start,
+        cfg.val_seed_start,
+        layout_of=layout_probe(env_cfg) if cfg.holdout_val_layouts else None,
+        num_val_layouts=cfg.num_val_layouts,
     )
 
 
@@ -74,7 +97,7 @@ class RolloutManager:
         self.cfg = cfg
         self.engine = engine
         self.codec = ChatCodec(processor_or_tokenizer, read_chat_template(cfg.chat_template))
-        self.seeds = SeedSchedule(cfg.seed, cfg.train_seed_start, cfg.val_seed_start)
+        self.seeds = seed_schedule(env_cfg, cfg)
         self.envs: list[LanguageEnv] = []
         self.timings: dict[str, float] = {}
 

@@ -1,0 +1,145 @@
+"""Warm starts (vagen.sft): teacher replies, RL-identical assembly, masked-loss training, cache."""
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import envs_visual  # noqa: F401
+from envs_visual.language import PROMPT_FORMATS, LanguageEnv, parse_reply
+from vagen.models.loading import load_policy
+from vagen.rollout.assembly import ChatCodec
+from vagen.rollout.batch import build_batch
+from vagen.rollout.config import EnvConfig, RolloutConfig
+from vagen.rollout.seeds import SeedSchedule
+from vagen.sft import (
+    GENERIC_REASONING,
+    SFTConfig,
+    masked_nll,
+    optimal_success,
+    play_teacher_episodes,
+    run_sft,
+    teacher_reply,
+    teacher_success,
+    train_sft,
+    warm_start_dir,
+    warm_start_model,
+)
+
+ENV = EnvConfig(
+    env_id="envs_visual/FrozenLake-v0", env_kwargs={"size": 4, "max_steps": 10}, max_actions_per_turn=2
+)
+ROLLOUT = RolloutConfig(max_turns=2, max_actions_per_episode=4, max_new_tokens=24, num_val_layouts=8)
+
+
+def language_env(prompt_format):
+    env = LanguageEnv(
+        gym.make("envs_visual/FrozenLake-v0"), prompt_format=prompt_format, max_actions_per_turn=3
+    )
+    env.reset(seed=5)
+    return env
+
+
+def test_teacher_replies_are_well_formed_in_every_format():
+    rng = np.random.default_rng(0)
+    for prompt_format in PROMPT_FORMATS:
+        env = language_env(prompt_format)
+        for teacher in ("random", "solver"):
+            reply = teacher_reply(env, teacher, 3, rng)
+            parse = parse_reply(reply, prompt_format, env.action_names, 3)
+            assert parse.format_ok, (prompt_format, teacher, reply)
+            if teacher == "solver":
+                optimal = [env.action_names[a] for a in env.env.unwrapped.optimal_actions(3)]
+                assert parse.actions == optimal
+            if prompt_format == "grounding":  # the format teacher never describes the state
+                facts_free = teacher == "random"
+                assert ("player" not in parse.texts["observation"]) == facts_free
+
+
+def test_format_teacher_text_is_the_same_on_every_state():
+    rng = np.random.default_rng(0)
+    thinks = set()
+    for seed in range(5):
+        env = language_env("free_think")
+        env.reset(seed=seed)
+        thinks.add(
+            parse_reply(teacher_reply(env, "random", 3, rng), "free_think", env.action_names, 3).texts[
+                "think"
+            ]
+        )
+    assert thinks == {GENERIC_REASONING}
+
+
+def test_sft_data_masks_only_the_replies_and_training_lowers_the_masked_loss(tiny_vlm_path):
+    torch.manual_seed(0)
+    model, processor = load_policy(tiny_vlm_path)
+    codec = ChatCodec(processor)
+    seeds = SeedSchedule(0, 0, 10**6).next_train(4, 1)
+    records, segments = play_teacher_episodes(ENV, ROLLOUT, codec, seeds, "solver", seed=0)
+    data = build_batch(segments, records, codec.pad_token_id)
+    assert all(record.success or record.num_actions == 4 for record in records)
+    end = codec.stop_token_ids[0]
+    for row in range(len(data)):
+        masked = data.input_ids[row][data.loss_mask[row]].tolist()
+        text = codec.decode(masked)
+        assert text.count("<answer>") == text.count("</answer>") == masked.count(end) >= 1
+        assert "<|image_pad|>" not in text and "user" not in text  # observations are never trained on
+    with torch.no_grad():
+        before = masked_nll(model, data, 8).item()
+    cfg = SFTConfig(teacher="solver", steps=4, batch_size=4, warmup_steps=1, lr=2e-3)
+    losses = train_sft(model, data, cfg, log=lambda _: None)
+    with torch.no_grad():
+        after = masked_nll(model, data, 8).item()
+    assert len(losses) == 4 and after < before - 0.5
+
+
+def test_run_sft_writes_a_loadable_model_and_caches_it(tiny_vlm_path, tmp_path):
+    cfg = SFTConfig(episodes=2, steps=1, batch_size=2, eval_levels=1, cache_dir=str(tmp_path))
+    rollout = RolloutConfig(max_turns=1, max_new_tokens=4, num_val_layouts=1)
+    messages = []
+    result = run_sft(str(tiny_vlm_path), ENV, rollout, cfg, log=messages.append)
+    assert result.model_dir == warm_start_dir(str(tiny_vlm_path), ENV, rollout, cfg)
+    assert set(result.report["after"]) >= {"success", "success_ci", "format_ok"}
+    model, _ = load_policy(result.model_dir)
+    assert sum(p.numel() for p in model.parameters()) > 0
+    again = run_sft(str(tiny_vlm_path), ENV, rollout, cfg, log=messages.append)
+    assert again.model_dir == result.model_dir and messages[-1].startswith("warm start cached")
+
+
+def test_cache_key_changes_with_every_input(tiny_vlm_path):
+    base = SFTConfig()
+    key = warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, base)
+    assert key == warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig())
+    other_env = EnvConfig(env_id=ENV.env_id, env_kwargs={"size": 4, "is_slippery": True})
+    changed = [
+        warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig(steps=7)),
+        warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig(teacher="solver")),
+        warm_start_dir(str(tiny_vlm_path), other_env, ROLLOUT, base),
+        warm_start_dir(str(tiny_vlm_path), ENV, RolloutConfig(max_turns=4), base),
+        warm_start_dir("tiny-text", ENV, ROLLOUT, base),
+    ]
+    assert len({key, *changed}) == 6
+
+
+def test_references_random_solver_and_value_iteration_optimum():
+    rollout = RolloutConfig(max_turns=3, max_actions_per_episode=6)
+    seeds = SeedSchedule(0, 0, 10**6).validation(16, 1)
+    assert teacher_success(ENV, rollout, seeds, "solver") == optimal_success(ENV, rollout, seeds) == 1.0
+    assert teacher_success(ENV, rollout, seeds, "random") < 0.2
+    slippery = EnvConfig(env_id=ENV.env_id, env_kwargs={"size": 4, "is_slippery": True, "max_steps": 10})
+    assert 0.0 < optimal_success(slippery, rollout, seeds) < 1.0
+
+
+def test_warm_start_model_follows_the_run_config(tmp_path):
+    from vagen.config import load_config
+
+    tiny = [
+        "sft.episodes=2",
+        "sft.steps=1",
+        "sft.batch_size=2",
+        "sft.eval_levels=1",
+        f"sft.cache_dir={tmp_path}",
+    ]
+    tiny += ["rollout.max_turns=1", "rollout.max_new_tokens=4", "rollout.num_val_layouts=1"]
+    assert warm_start_model(load_config(None, tiny)) == "tiny-vlm"  # model.warm_start=none
+    path = warm_start_model(load_config(None, [*tiny, "model.warm_start=solver"]), log=lambda _: None)
+    assert path.startswith(str(tmp_path / "solver-")) and (tmp_path / path / "config.json").is_file()

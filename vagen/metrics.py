@@ -1,0 +1,223 @@
+"""Metrics: reduction across ranks, the console / metrics.jsonl / wandb sinks, and collapse alarms.
+
+Every key lives in a fixed namespace (train/, actor/, critic/, filter/, val/, time/, alarm/) and
+is defined in docs/metrics.md. Only rank 0 writes anything.
+"""
+
+import json
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
+from tqdm import tqdm
+
+from vagen.algo import kl, masked_entropy_mean, masked_mean, mean_group_return_std, template_score
+from vagen.algo.diagnostics import CollapseDetector
+from vagen.config import AlarmConfig, LoggingConfig, RunConfig
+from vagen.rollout.batch import RolloutBatch
+
+
+class MetricAccumulator:
+    """Per-rank weighted sums; `reduce()` turns them into means (or maxima) over all ranks.
+
+    add(key, value, weight): contributes value * weight to the sum and weight to the count, so the
+    reduced value is sum_ranks sum_i w_i v_i / sum_ranks sum_i w_i (a mean over all items of all
+    ranks, not a mean of per-rank means). A key with total weight 0 reduces to 0.
+    add_max(key, value): the reduced value is the maximum over ranks (timings).
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.weights: dict[str, float] = defaultdict(float)
+        self.maxima: dict[str, float] = {}
+
+    def add(self, key: str, value: float, weight: float = 1.0) -> None:
+        self.sums[key] += float(value) * weight
+        self.weights[key] += weight
+
+    def add_max(self, key: str, value: float) -> None:
+        self.maxima[key] = max(self.maxima.get(key, -math.inf), float(value))
+
+    def reduce(self) -> dict[str, float]:
+        """Collective when distributed: every rank calls it once per step."""
+        mean_keys, max_keys = sorted(self.sums), sorted(self.maxima)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            # the key sets may differ between ranks (e.g. one rank filtered everything): take the union
+            all_keys: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(all_keys, (mean_keys, max_keys))
+            mean_keys = sorted({k for keys, _ in all_keys for k in keys})
+            max_keys = sorted({k for _, keys in all_keys for k in keys})
+        sums = torch.tensor(
+            [[self.sums.get(k, 0.0), self.weights.get(k, 0.0)] for k in mean_keys], dtype=torch.float64
+        )
+        maxima = torch.tensor([self.maxima.get(k, -math.inf) for k in max_keys], dtype=torch.float64)
+        device = torch.device(get_accelerator().current_device_name())  # nccl needs GPU tensors
+        sums, maxima = sums.to(device), maxima.to(device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # named reduction: weighted sums and weights
+            dist.all_reduce(maxima, op=dist.ReduceOp.MAX)  # named reduction: slowest rank's timings
+        out = {k: (s / w if w > 0 else 0.0) for k, (s, w) in zip(mean_keys, sums.cpu().tolist(), strict=True)}
+        out |= dict(zip(max_keys, maxima.cpu().tolist(), strict=True))
+        return out
+
+
+def rollout_metrics(batch: RolloutBatch, tokenizer, stats: MetricAccumulator) -> None:
+    """train/* metrics of this rank's episodes, weighted so that the reduction averages all ranks."""
+    groups, returns, success = batch.episode_outcomes()
+    episodes, turns = batch.episodes, [t for ep in batch.episodes for t in ep.turns]
+    stats.add("train/success_rate", success.float().mean().item(), len(episodes))
+    stats.add("train/return_mean", returns.mean().item(), len(episodes))
+    stats.add(
+        "train/return_std_in_group", mean_group_return_std(returns, groups).item(), len(set(groups.tolist()))
+    )
+    stats.add("train/turns_mean", len(turns) / len(episodes), len(episodes))
+    proposed = sum(t.num_invalid + len(t.actions) for t in turns)
+    stats.add("train/invalid_action_rate", sum(t.num_invalid for t in turns) / max(proposed, 1), proposed)
+    stats.add("train/format_ok_rate", sum(t.format_ok for t in turns) / max(len(turns), 1), len(turns))
+    stats.add("train/response_tokens", sum(t.num_tokens for t in turns) / max(len(turns), 1), len(turns))
+    think = [
+        (t.texts.get("think", ""), (ep.level_seed, i)) for ep in episodes for i, t in enumerate(ep.turns)
+    ]
+    think_tokens = sum(len(tokenizer(text, add_special_tokens=False).input_ids) for text, _ in think)
+    stats.add("train/think_tokens", think_tokens / max(len(turns), 1), len(turns))
+    written = [(text, key) for text, key in think if text.strip()]  # replies without a <think> say nothing
+    template = template_score([text for text, _ in written], [key for _, key in written])
+    stats.add("train/template_score", template.cross_state_overlap, template.num_pairs)
+
+
+def scoring_metrics(batch: RolloutBatch, scores, cfg: RunConfig, stats: MetricAccumulator) -> None:
+    """actor/entropy and actor/kl of the policy at rollout time (`scores`: vagen.trainer.Scores)."""
+    tokens = batch.loss_mask.sum().item()
+    stats.add("actor/entropy", masked_entropy_mean(scores.entropy, batch.loss_mask).item(), tokens)
+    if scores.ref_logp is not None:
+        ref_kl = masked_mean(kl(scores.old_logp, scores.ref_logp, cfg.algo.kl_kind), batch.loss_mask)
+        stats.add("actor/kl", ref_kl.item(), tokens)
+
+
+# metric -> (alarm name, which flags fire it): the RAGEN collapse signs (arXiv:2504.20073)
+ALARM_WATCHES = {
+    "train/return_std_in_group": ("alarm/return_std_collapse", ("drop",)),
+    "actor/entropy": ("alarm/entropy_swing", ("spike", "drop")),
+    "actor/grad_norm": ("alarm/grad_norm_spike", ("spike",)),
+    "train/template_score": ("alarm/template_rise", ("spike",)),
+}
+
+
+class Alarms:
+    """One CollapseDetector per watched metric; `update` returns alarm/* metrics (1.0 = fired)."""
+
+    def __init__(self, cfg: AlarmConfig) -> None:
+        self.detectors = {
+            key: CollapseDetector(
+                window=cfg.window,
+                spike_factor=cfg.spike_factor,
+                drop_fraction=cfg.drop_fraction,
+                drop_patience=cfg.drop_patience,
+                min_history=cfg.min_history,
+            )
+            for key in ALARM_WATCHES
+        }
+
+    def update(self, metrics: dict[str, float]) -> dict[str, float]:
+        fired = {}
+        for key, (alarm, kinds) in ALARM_WATCHES.items():
+            if key not in metrics:
+                continue
+            flags = self.detectors[key].update(metrics[key])
+            fired[alarm] = float(any(getattr(flags, kind) for kind in kinds))
+        return fired
+
+
+def read_metrics(path: str | Path) -> list[dict[str, float]]:
+    """All lines of a metrics.jsonl file."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsLogger:
+    """Console progress bar, `<run_dir>/metrics.jsonl` (one JSON line per step) and optional wandb.
+
+    On resume from step s, lines with step > s (written by the interrupted run) are dropped first.
+    """
+
+    POSTFIX = {
+        "train/success_rate": "succ",
+        "train/return_mean": "ret",
+        "actor/pg_loss": "pg",
+        "actor/entropy": "ent",
+        "time/step_s": "s/it",
+    }
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        total_steps: int,
+        resumed_step: int,
+        config: dict[str, Any],
+        cfg: LoggingConfig,
+        is_main: bool,
+    ) -> None:
+        self.is_main = is_main
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.wandb_run = None
+        if not is_main:
+            return
+        kept = [m for m in read_metrics(self.path) if m["step"] <= resumed_step]
+        self.path.write_text("".join(json.dumps(m) + "\n" for m in kept))
+        self.bar = tqdm(total=total_steps, initial=resumed_step, desc="train", unit="it", dynamic_ncols=True)
+        if cfg.wandb:
+            import wandb
+
+            os.environ.setdefault("WANDB_MODE", cfg.wandb_mode)
+            self.wandb_run = wandb.init(
+                project=cfg.wandb_project,
+                name=Path(run_dir).name,
+                id=Path(run_dir).name,
+                resume="allow",
+                dir=str(run_dir),
+                config=config,
+            )
+
+    def log(self, metrics: dict[str, float], advance: bool = True) -> None:
+        """Write one step's metrics (must contain `step`)."""
+        if not self.is_main:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in metrics.items() if k != "step"}, step=int(metrics["step"]))
+        shown = {short: f"{metrics[key]:.3g}" for key, short in self.POSTFIX.items() if key in metrics}
+        if shown:
+            self.bar.set_postfix(shown, refresh=False)
+        if advance:
+            self.bar.update(1)
+
+    def phase(self, name: str) -> None:
+        """Show what the current iteration is doing (rollout, score, update, ...)."""
+        if self.is_main:
+            self.bar.set_description(name)
+
+    def write(self, line: str) -> None:
+        """A console line that does not break the progress bar."""
+        if self.is_main:
+            tqdm.write(line)
+
+    def log_gifs(self, paths: list[Path], step: int) -> None:
+        if self.is_main and self.wandb_run is not None and paths:
+            import wandb
+
+            videos = {f"rollout/episode_{i}": wandb.Video(str(p), format="gif") for i, p in enumerate(paths)}
+            self.wandb_run.log(videos, step=step)
+
+    def close(self) -> None:
+        if self.is_main:
+            self.bar.close()
+            if self.wandb_run is not None:
+                self.wandb_run.finish()

@@ -7,7 +7,6 @@ members of a group can share a map and still slip differently.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import gymnasium
@@ -18,8 +17,8 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv, generate_random_m
 from envs_visual.facts import Fact, adjacent_facts, relative_facts
 from envs_visual.frozenlake.planning import (
     GYM_ACTIONS,
-    MOVES,
     SlipperyPlan,
+    goal_distances,
     shortest_path_actions,
     value_iteration,
 )
@@ -55,21 +54,8 @@ TEXT_LEGEND = "In the grid: 'P' you, 'S' start, 'F' frozen ice, 'H' hole, 'G' go
 
 def shortest_path_length(desc: list[str]) -> int | None:
     """Fewest moves from S to G on the non-slippery map, stepping on no hole (BFS); None if none."""
-    rows, cols = len(desc), len(desc[0])
-    start = next((r, c) for r in range(rows) for c in range(cols) if desc[r][c] == "S")
-    distance = {start: 0}
-    queue = deque([start])
-    while queue:
-        row, col = queue.popleft()
-        if desc[row][col] == "G":
-            return distance[(row, col)]
-        for d_row, d_col in MOVES:
-            cell = (row + d_row, col + d_col)
-            if 0 <= cell[0] < rows and 0 <= cell[1] < cols and desc[cell[0]][cell[1]] != "H":
-                if cell not in distance:
-                    distance[cell] = distance[(row, col)] + 1
-                    queue.append(cell)
-    return None
+    start = next((r, c) for r, line in enumerate(desc) for c, letter in enumerate(line) if letter == "S")
+    return goal_distances(desc).get(start)
 
 
 class VisualFrozenLakeEnv(gymnasium.Env):

@@ -25,3 +25,19 @@ def tiny_text_path():
     from vagen.models.tiny import tiny_model_path
 
     return tiny_model_path("tiny-text")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test; yields the env vars that give a subprocess the same.
+
+    Bitwise-reproducible CPU math (with several threads MKL may change its thread count, and so the
+    order of float sums, under load; the untrained tiny model samples from near-uniform distributions,
+    where one ulp can flip a token), and far faster on a busy 2-core machine: the tiny model is
+    overhead-bound, a second thread only contends."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    torch.set_num_threads(threads)

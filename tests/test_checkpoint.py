@@ -19,11 +19,8 @@ def draws() -> tuple:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model is overhead-bound; a second thread only contends
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    return one_torch_thread
 
 
 def test_rng_state_round_trip_through_json_and_safetensors(tmp_path):

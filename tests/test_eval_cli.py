@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from vagen.eval import main
 
@@ -19,11 +18,8 @@ def _repo_cwd(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model is overhead-bound; a second thread only contends
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread):
+    return one_torch_thread
 
 
 def test_eval_base_model_and_checkpoint_agree_on_the_same_weights(tmp_path):

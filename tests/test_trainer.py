@@ -147,14 +147,8 @@ def comparable(m: dict) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """One thread: bitwise-reproducible CPU math (with several, MKL may change its thread count, and
-    so the order of float sums, under load; the untrained tiny model samples from near-uniform
-    distributions, where one ulp can flip a token), and far faster on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    torch.set_num_threads(threads)
+def one_thread(one_torch_thread):
+    return one_torch_thread
 
 
 def test_exact_resume_after_sigkill(tmp_path, one_thread):

@@ -1,0 +1,129 @@
+"""Shipped recipes (configs/*.yaml): they load, their envs build, the tiny ones resolve to a model, and
+the GPU ones keep the published settings their provenance comments name."""
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from vagen.config import derived_sizes, load_config
+from vagen.models.tiny import resolve_model_path
+from vagen.rollout.manager import make_language_env
+from vagen.sft import WARM_START_TEACHERS, SFTConfig, warm_start_dir
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = sorted((REPO / "configs").glob("*.yaml"))
+TINY_RECIPES = sorted((REPO / "configs").glob("*_tiny.yaml"))
+GPU_RECIPES = sorted(set(RECIPES) - set(TINY_RECIPES))
+VAGEN_3B = ["sokoban_qwen2_5_vl_3b_trico", "sokoban_qwen2_5_vl_3b_ppo", "sokoban_qwen2_5_vl_3b_grpo"]
+# text baseline -> the visual recipe whose env and rollout budgets it must share
+TEXT_TWINS = {"frozenlake_text_tiny": "frozenlake_tiny", "sokoban_text_tiny": "sokoban_tiny"}
+
+
+@pytest.fixture(autouse=True)
+def _repo_cwd(monkeypatch):
+    monkeypatch.chdir(REPO)  # recipes name their DeepSpeed JSON relative to the repository
+
+
+def recipe(name: str, overrides: list[str] = ()):
+    return load_config(REPO / "configs" / f"{name}.yaml", list(overrides))
+
+
+def test_the_recipe_set_is_complete():
+    names = {path.stem for path in RECIPES}
+    expected = {
+        "frozenlake_tiny",
+        "frozenlake_slippery_tiny",
+        "frozenlake_text_tiny",
+        "sokoban_tiny",
+        "sokoban_text_tiny",
+        "sokoban_qwen2_5_0_5b_ragen",
+        *VAGEN_3B,
+    }
+    assert expected <= names
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_validates_with_an_absent_model_directory(path, tmp_path):
+    absent = tmp_path / "no-such-checkpoint"
+    cfg = load_config(path, [f"model.path={absent}"])  # validation never opens the model
+    assert cfg.model.path == str(absent) and not absent.exists()
+    env = make_language_env(cfg.env)  # env_kwargs are passed to gymnasium.make unchecked by the loader
+    observation, _ = env.reset(seed=0)
+    assert bool(observation.images) != cfg.env.text_only
+
+
+@pytest.mark.parametrize("path", TINY_RECIPES, ids=lambda p: p.stem)
+def test_tiny_recipes_resolve_their_model_and_warm_start(path, tiny_vlm_path, tiny_text_path):
+    cfg = load_config(path)
+    model_dir = resolve_model_path(cfg.model.path)
+    assert model_dir == (tiny_text_path if cfg.env.text_only else tiny_vlm_path)
+    if cfg.model.warm_start != "none":
+        teacher = WARM_START_TEACHERS[cfg.model.warm_start]
+        sft = SFTConfig(**{**asdict(cfg.sft), "teacher": teacher})
+        assert warm_start_dir(cfg.model.path, cfg.env, cfg.rollout, sft).name.startswith(f"{teacher}-")
+
+
+@pytest.mark.parametrize(
+    "name", ["sokoban_tiny", "frozenlake_slippery_tiny", "frozenlake_text_tiny", "sokoban_text_tiny"]
+)
+def test_tiny_rl_recipes_start_from_the_format_warm_start(name):
+    assert recipe(name).model.warm_start == "format"
+
+
+@pytest.mark.parametrize(("text", "visual"), TEXT_TWINS.items())
+def test_text_baselines_share_env_and_budgets_with_their_visual_recipe(text, visual):
+    text_cfg, visual_cfg = recipe(text), recipe(visual)
+    assert (text_cfg.model.path, text_cfg.env.text_only) == ("tiny-text", True)
+    assert asdict(text_cfg.env) == asdict(visual_cfg.env) | {"text_only": True}
+    assert text_cfg.rollout == visual_cfg.rollout
+
+
+def test_slippery_recipe_lets_the_policy_react_after_every_slip():
+    cfg = recipe("frozenlake_slippery_tiny")
+    assert cfg.env.env_kwargs["is_slippery"] is True and cfg.env.max_actions_per_turn == 1
+    # one action per turn: the turn budget is the action budget, which is the env's own step limit
+    assert cfg.rollout.max_turns == cfg.rollout.max_actions_per_episode == cfg.env.env_kwargs["max_steps"]
+
+
+@pytest.mark.parametrize("name", VAGEN_3B)
+def test_vagen_3b_recipes_keep_the_published_settings(name):
+    cfg = recipe(name)
+    r = cfg.rollout
+    assert cfg.model.path == "/models/Qwen2.5-VL-3B-Instruct" and cfg.model.dtype == "bfloat16"
+    assert (r.engine, r.max_turns, cfg.env.max_actions_per_turn, r.max_new_tokens) == ("vllm", 3, 3, 200)
+    assert (r.temperature, r.top_p) == (0.7, 0.95)
+    assert r.num_groups * r.group_size == 128  # data.train_batch_size x n_trajectory
+    assert r.num_groups * r.group_size // cfg.algo.mini_batches == 32  # ppo_mini_batch_size
+    assert (cfg.algo.kl_coef, cfg.optim.actor_lr) == (0.001, 1e-6)
+    assert cfg.env.prompt_format == "grounding_worldmodeling"
+    assert (cfg.env.grounding_reward_weight, cfg.env.worldmodel_reward_weight) == (0.5, 0.5)
+    assert derived_sizes(cfg, world_size=4).groups_per_rank * 4 == r.num_groups  # 4 GPUs as published
+
+
+def test_trico_recipe_is_bilevel_gae_with_the_critic_lr():
+    cfg = recipe("sokoban_qwen2_5_vl_3b_trico")
+    a = cfg.algo
+    assert a.adv == "bilevel_gae"
+    assert (a.gamma_turn, a.gamma_token, a.lam_turn, a.lam_token) == (0.95, 1.0, 1.0, 1.0)
+    assert cfg.optim.critic_lr == 1e-5 and a.kl_in_reward
+
+
+def test_vagen_baselines_differ_from_trico_only_in_the_algorithm():
+    trico = recipe("sokoban_qwen2_5_vl_3b_trico")
+    ppo, grpo = recipe("sokoban_qwen2_5_vl_3b_ppo"), recipe("sokoban_qwen2_5_vl_3b_grpo")
+    assert (ppo.algo.adv, grpo.algo.adv) == ("gae", "grpo")
+    assert ppo.env == trico.env == grpo.env and ppo.rollout == trico.rollout and ppo.optim == trico.optim
+    # GRPO needs groups: same episodes per batch, cut into 16 levels x 8 tries
+    assert (grpo.rollout.num_groups, grpo.rollout.group_size) == (16, 8)
+    for cfg in (ppo, grpo):  # same loop settings; each recipe has its own run folder
+        assert asdict(cfg.trainer) | {"run_dir": ""} == asdict(trico.trainer) | {"run_dir": ""}
+
+
+def test_ragen_recipe_is_starpo_s_without_kl():
+    cfg = recipe("sokoban_qwen2_5_0_5b_ragen")
+    r, a = cfg.rollout, cfg.algo
+    assert cfg.model.path == "/models/Qwen2.5-0.5B-Instruct" and cfg.env.text_only
+    assert (r.num_groups, r.group_size, r.max_turns) == (8, 16, 5)
+    assert (a.filter.rule, a.filter.keep) == ("top_std_fraction", 0.25)
+    assert (a.clip_low, a.clip_high, a.kl_coef) == (0.2, 0.28, 0.0)

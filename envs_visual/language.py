@@ -165,8 +165,7 @@ class LanguageEnv:
         lines = [
             game.instruction,
             legend,
-            f"Actions: {', '.join(self.action_names)}. Give 1 to {self.max_actions_per_turn} actions per "
-            "turn, separated by commas; they run in order.",
+            f"Actions: {', '.join(self.action_names)}. {self._actions_per_turn_rule()}",
             PROMPT_FORMATS[self.prompt_format].instruction,
             f"Example reply:\n{self.example_reply()}",
             f"Current observation:\n{self._placeholder(obs)}",
@@ -202,6 +201,12 @@ class LanguageEnv:
         }
         return self._turn_message(executed, parse), reward, terminated, truncated, info
 
+    def _actions_per_turn_rule(self) -> str:
+        if self.max_actions_per_turn == 1:
+            return "Give exactly 1 action per turn."
+        limit = self.max_actions_per_turn
+        return f"Give 1 to {limit} actions per turn, separated by commas; they run in order."
+
     def example_reply(self) -> str:
         """A well-formed reply in the chosen format (game-neutral content)."""
         facts: list[Fact] = list(getattr(self.env.unwrapped, "example_facts", []))
@@ -211,7 +216,8 @@ class LanguageEnv:
             "reasoning": "Moving this way brings me closer to my goal.",
             "prediction": sentence,
         }
-        answer = f"<answer>{self.action_names[1]}, {self.action_names[2]}</answer>"
+        example_actions = self.action_names[1 : 1 + min(2, self.max_actions_per_turn)]
+        answer = f"<answer>{', '.join(example_actions)}</answer>"
         think_parts = PROMPT_FORMATS[self.prompt_format].think_parts
         if think_parts is None:
             return answer

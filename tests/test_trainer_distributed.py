@@ -37,8 +37,9 @@ def one_update(out_path: str) -> None:
 
     rank, world = init_distributed()
     overrides = [
-        "rollout.num_groups=2", "rollout.group_size=2", "rollout.max_turns=2", "rollout.max_new_tokens=12",
-        "algo.adv=gae", "algo.mini_batches=1", "algo.kl_coef=0.01", "trainer.micro_batch_size=1",
+        "model.warm_start=none", "rollout.num_groups=2", "rollout.group_size=2", "rollout.max_turns=2",
+        "rollout.max_new_tokens=12", "algo.adv=gae", "algo.mini_batches=1", "algo.kl_coef=0.01",
+        "trainer.micro_batch_size=1",
         # eps >> |gradient| turns AdamW's first step into SGD (step = lr * g / (|g| + eps)), so that the
         # comparison sees gradient magnitudes, not only their signs
         "optim.actor_lr=1.0", "optim.critic_lr=1.0", "optim.eps=1.0", "optim.warmup_steps=0",

@@ -35,6 +35,7 @@ def tiny_overrides(run_dir: Path, **extra) -> list[str]:
     """G=2 groups x n=2, 2 turns, 16 new tokens, 2 validation episodes: a step takes about a second."""
     base = {
         "model.warm_start": "none",  # the untrained tiny model: no SFT before the test
+        "rollout.engine": "hf",  # deterministic, no engine start-up
         "trainer.run_dir": str(run_dir),
         "trainer.steps": 2,
         "trainer.save_every": 0,
@@ -232,7 +233,8 @@ def test_one_update_raises_the_better_episodes_tokens_and_lowers_the_worse():
 
     _, world = init_distributed()
     overrides = [
-        "model.warm_start=none", "rollout.num_groups=1", "rollout.group_size=2", "rollout.max_turns=1",
+        "model.warm_start=none", "rollout.engine=hf", "rollout.num_groups=1", "rollout.group_size=2",
+        "rollout.max_turns=1",
         "rollout.max_new_tokens=8", "algo.adv=grpo", "algo.mini_batches=1", "algo.kl_coef=0",
         "optim.actor_lr=1e-3",
     ]  # fmt: skip

@@ -37,7 +37,8 @@ def one_update(out_path: str) -> None:
 
     rank, world = init_distributed()
     overrides = [
-        "model.warm_start=none", "rollout.num_groups=2", "rollout.group_size=2", "rollout.max_turns=2",
+        "model.warm_start=none", "rollout.engine=hf", "rollout.num_groups=2", "rollout.group_size=2",
+        "rollout.max_turns=2",
         "rollout.max_new_tokens=12", "algo.adv=gae", "algo.mini_batches=1", "algo.kl_coef=0.01",
         "trainer.micro_batch_size=1",
         # eps >> |gradient| turns AdamW's first step into SGD (step = lr * g / (|g| + eps)), so that the

@@ -93,14 +93,15 @@ def test_hf_and_vllm_logprobs_agree_on_vllm_samples(vlm, vllm_engine, prompts):
             torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-3, rtol=0)
 
 
+def engine_named(name, vlm, request):
+    """The module's vLLM engine (started once), or a fresh HF engine on the tiny VLM."""
+    model, processor = vlm
+    return request.getfixturevalue("vllm_engine") if name == "vllm" else make_engine("hf", model, processor)
+
+
 @pytest.mark.parametrize("engine_name", ["hf", "vllm"])
 def test_generation_stops_at_requested_token(vlm, prompts, engine_name, request):
-    model, processor = vlm
-    engine = (
-        request.getfixturevalue("vllm_engine")
-        if engine_name == "vllm"
-        else make_engine("hf", model, processor)
-    )
+    engine = engine_named(engine_name, vlm, request)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
     free = engine.generate(prompts, greedy)
     stop_token = free[0].token_ids[4]
@@ -115,12 +116,7 @@ def test_generation_stops_at_requested_token(vlm, prompts, engine_name, request)
 @pytest.mark.parametrize("engine_name", ["hf", "vllm"])
 def test_banned_tokens_are_never_sampled(vlm, prompts, engine_name, request):
     """The untrained model samples image tokens at temperature 2; a ban keeps every one of them out."""
-    model, processor = vlm
-    engine = (
-        request.getfixturevalue("vllm_engine")
-        if engine_name == "vllm"
-        else make_engine("hf", model, processor)
-    )
+    engine = engine_named(engine_name, vlm, request)
     free = SamplingParams(temperature=2.0, max_new_tokens=48, stop_token_ids=[0], seed=3)
     sampled = {t for g in engine.generate(prompts * 4, free) for t in g.token_ids}
     banned = sorted(sampled & set(range(3, 7)))  # <|vision_start|> ... <|video_pad|> in the tiny tokenizer

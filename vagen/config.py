@@ -10,6 +10,7 @@ rank, micro-batches per optimizer step, ...) are computed in one place, `derived
 
 import difflib
 import math
+import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -283,6 +284,14 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
         cfg.trainer.run_dir = str(Path("runs") / (path.stem if path is not None else "default"))
     validate(cfg)
     return cfg
+
+
+def load_config_or_exit(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """load_config for command lines: a bad config ends the process with one `config error: ...` line."""
+    try:
+        return load_config(path, overrides)
+    except ConfigError as err:
+        sys.exit(f"config error: {err}")
 
 
 def _require(ok: bool, key: str, message: str) -> None:

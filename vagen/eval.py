@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from vagen.config import ConfigError, RunConfig, load_config
+from vagen.config import RunConfig, load_config_or_exit
 
 
 def load_actor(cfg: RunConfig, checkpoint: Path | None):
@@ -59,10 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <checkpoint>/eval)")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        sys.exit(f"config error: {err}")
+    cfg = load_config_or_exit(args.config, args.overrides)
     if args.episodes < 1 or args.group_size < 1 or args.episodes % args.group_size:
         sys.exit(
             f"--episodes ({args.episodes}) must be a positive multiple of --group-size ({args.group_size})"

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -430,12 +429,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="write the model here instead of the cache")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sft.steps=300")
     args = parser.parse_args(argv)
-    from vagen.config import ConfigError, load_config  # here: vagen.config imports SFTConfig from us
+    from vagen.config import load_config_or_exit  # here: vagen.config imports SFTConfig from us
 
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        sys.exit(f"config error: {err}")
+    cfg = load_config_or_exit(args.config, args.overrides)
     sft_cfg = cfg.sft if args.teacher is None else SFTConfig(**{**asdict(cfg.sft), "teacher": args.teacher})
     result = run_sft(cfg.model.path, cfg.env, cfg.rollout, sft_cfg, args.out)
     print(json.dumps({"model_dir": str(result.model_dir), **result.report}, indent=2))

@@ -12,7 +12,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vagen.config import ConfigError, load_config  # noqa: E402
+from vagen.config import load_config_or_exit  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,10 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--local_rank", type=int, default=None, help="set by the deepspeed launcher")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algo.adv=grpo trainer.steps=50")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        sys.exit(f"config error: {err}")
+    cfg = load_config_or_exit(args.config, args.overrides)
     from vagen.trainer import train
 
     train(cfg)

@@ -131,7 +131,8 @@ def parse_reply(
 class LanguageEnv:
     """Wraps an envs_visual env for a language model: messages in, tagged replies out.
 
-    Reward per turn = sum of the env rewards of the executed actions + `format_reward` if format_ok.
+    Reward per turn = sum of the env rewards of the executed actions + `format_reward` if format_ok,
+    + `format_penalty` (zero or negative; RAGEN uses -0.1) if not.
     The episode ends when the env terminates or truncates.
     """
 
@@ -142,15 +143,21 @@ class LanguageEnv:
         max_actions_per_turn: int = 3,
         format_reward: float = 0.5,
         text_only: bool = False,
+        format_penalty: float = 0.0,
     ):
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"prompt_format must be one of {sorted(PROMPT_FORMATS)}, got {prompt_format!r}")
         if max_actions_per_turn < 1:
             raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
+        if format_penalty > 0:
+            raise ValueError(
+                f"format_penalty is added to a malformed turn's reward: use <= 0, got {format_penalty}"
+            )
         self.env = env
         self.prompt_format = prompt_format
         self.max_actions_per_turn = max_actions_per_turn
         self.format_reward = format_reward
+        self.format_penalty = format_penalty
         self.text_only = text_only
         self.action_names: tuple[str, ...] = tuple(env.unwrapped.action_names)
         self.system_prompt = SYSTEM_PROMPT
@@ -186,8 +193,7 @@ class LanguageEnv:
             effective = effective or bool(env_info.get("action_is_effective", False))
             if terminated or truncated:
                 break
-        if parse.format_ok:
-            reward += self.format_reward
+        reward += self.format_reward if parse.format_ok else self.format_penalty
         info = {
             **self._last_info,  # the env info of the last executed step (of the reset if none ran)
             "action_is_effective": effective,

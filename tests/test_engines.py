@@ -11,6 +11,7 @@ from PIL import Image
 from vagen.models.loading import load_policy
 from vagen.models.scoring import token_logprobs
 from vagen.models.vision import encode_images
+from vagen.rollout.config import RolloutConfig
 from vagen.rollout.engines.base import Prompt, SamplingParams, make_engine
 from vagen.rollout.engines.vllm import collapse_runs
 
@@ -22,31 +23,34 @@ def vlm(tiny_vlm_path):
     return load_policy(tiny_vlm_path)
 
 
+def multi_turn_prompt(processor, turns: int, rng: np.random.Generator) -> Prompt:
+    """A `turns`-turn chat with one random image per user turn, ending in the assistant header."""
+    messages, images = [], []
+    for turn in range(turns):
+        messages.append(
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"Turn {turn}"}]}
+        )
+        messages.append({"role": "assistant", "content": "<answer>Left</answer>"})
+        images.append(Image.fromarray(rng.integers(0, 256, (112, 112, 3), dtype=np.uint8)))
+    text = processor.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+    return Prompt(list(processor(text=[text], images=images)["input_ids"][0]), images)
+
+
 @pytest.fixture(scope="module")
 def prompts(vlm):
-    """Three multi-turn prompts with 1, 3 and 2 images (different lengths), ending in the assistant header."""
-    _, processor = vlm
+    """Three multi-turn prompts with 1, 3 and 2 images (different lengths)."""
     rng = np.random.default_rng(0)
-    result = []
-    for turns in (1, 3, 2):
-        messages, images = [], []
-        for turn in range(turns):
-            messages.append(
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"Turn {turn}"}]}
-            )
-            messages.append({"role": "assistant", "content": "<answer>Left</answer>"})
-            images.append(Image.fromarray(rng.integers(0, 256, (112, 112, 3), dtype=np.uint8)))
-        text = processor.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-        token_ids = processor(text=[text], images=images)["input_ids"][0]
-        result.append(Prompt(list(token_ids), images))
-    return result
+    return [multi_turn_prompt(vlm[1], turns, rng) for turns in (1, 3, 2)]
+
+
+LONGEST_EPISODE = RolloutConfig(engine="vllm", max_turns=12, max_context_tokens=1024)
 
 
 @pytest.fixture(scope="module")
 def vllm_engine(vlm):
     pytest.importorskip("vllm")
     model, processor = vlm
-    return make_engine("vllm", model, processor, max_model_len=1024, max_num_seqs=16)
+    return make_engine("vllm", model, processor, max_num_seqs=16, **LONGEST_EPISODE.engine_options())
 
 
 def hf_logprobs(model, processor, prompt, generated_ids, temperature=1.0):
@@ -91,6 +95,19 @@ def test_hf_and_vllm_logprobs_agree_on_vllm_samples(vlm, vllm_engine, prompts):
         for prompt, generation in zip(prompts, vllm_engine.generate(prompts, params), strict=True):
             expected = hf_logprobs(model, processor, prompt, generation.token_ids, temperature)
             torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-3, rtol=0)
+
+
+def test_vllm_takes_one_image_per_turn_of_the_longest_episode(vlm, vllm_engine):
+    """vLLM fixes its per-prompt image limit at start-up; the rollout config sizes it (a 10-turn
+    FrozenLake episode once failed on vLLM's default of 8)."""
+    model, processor = vlm
+    assert LONGEST_EPISODE.engine_options()["max_images_per_prompt"] == 12
+    assert RolloutConfig(engine="vllm", max_turns=12, window=3).max_images_per_prompt == 5
+    assert RolloutConfig(engine="hf", max_turns=12).engine_options() == {}
+    prompt = multi_turn_prompt(processor, 12, np.random.default_rng(1))
+    [generation] = vllm_engine.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=6, seed=2))
+    expected = hf_logprobs(model, processor, prompt, generation.token_ids)
+    torch.testing.assert_close(torch.tensor(generation.logprobs), expected, atol=1e-3, rtol=0)
 
 
 def engine_named(name, vlm, request):

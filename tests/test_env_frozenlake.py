@@ -81,3 +81,22 @@ def test_observation_text_image_and_facts():
     for action in (3, 1, 1, 3):  # Right, Down, Down, Right
         obs, reward, terminated, _, info = env.step(action)
     assert terminated and reward == 1 and info["success"] and obs["text"] == "SFH\nHFF\nFFP"
+
+
+def test_flat_tile_style_paints_each_cell_one_colour_and_says_so_in_the_legend():
+    from envs_visual.render import FLAT_COLOURS
+
+    env = make(size=3, cell_size=10, tile_style="flat")
+    check_env(env, skip_render_check=False)
+    obs, _ = env.reset(options={"map": ["SFH", "HFF", "FFG"]})
+    for (row, col), name in [
+        ((0, 0), "frozenlake_player"),
+        ((0, 2), "frozenlake_hole"),
+        ((2, 2), "frozenlake_goal"),
+        ((1, 1), "frozenlake_ice"),
+    ]:
+        cell = obs["image"][row * 10 : row * 10 + 10, col * 10 : col * 10 + 10].reshape(-1, 3)
+        assert (cell == FLAT_COLOURS[name]).all(), name
+    assert "red cell is you" in env.image_legend and "orange figure" in make().image_legend
+    with pytest.raises(ValueError, match="tile style"):
+        make(tile_style="pastel")

@@ -186,3 +186,14 @@ def test_describe_state_relative_to_player():
         ("target", "above"),
         ("target", "same column"),
     ]
+
+
+def test_flat_tiles_are_distinct_solid_colours():
+    env = make(dim_room=(3, 5), cell_size=10, tile_style="flat")
+    check_env(env, skip_render_check=False)
+    tiles = env.renderer.tile_rows.reshape(len(TILE_NAMES), 10, 10, 3).astype(float)
+    assert all((tile == tile[0, 0]).all() for tile in tiles)  # one colour per tile
+    for i in range(len(TILE_NAMES)):
+        for j in range(i):
+            assert np.abs(tiles[i] - tiles[j]).mean() > 30, (TILE_NAMES[i], TILE_NAMES[j])
+    assert "blue cell is you" in env.image_legend

@@ -101,6 +101,16 @@ def test_stops_at_termination_and_bad_format_gets_no_bonus():
     assert info["optimal_steps"] == 1 and not info["success"]  # env info of the reset
 
 
+def test_malformed_reply_pays_the_format_penalty_and_a_wellformed_one_does_not():
+    lang = sokoban(format_reward=0.0, format_penalty=-0.25)
+    _, reward, terminated, _, _ = lang.step("Right")  # no tags: nothing runs, the penalty is paid
+    assert reward == pytest.approx(-0.25) and not terminated
+    _, reward, _, _, _ = lang.step("<think>push</think><answer>Right</answer>")
+    assert reward == pytest.approx(-0.1 + 1.0 + 10.0)
+    with pytest.raises(ValueError, match="format_penalty"):
+        sokoban(format_penalty=0.1)
+
+
 def test_truncation_ends_the_episode():
     env = gymnasium.make("envs_visual/Sokoban-v0", dim_room=(5, 6), max_steps=2)
     lang = LanguageEnv(env, prompt_format="no_think")

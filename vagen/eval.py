@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> dict:
     model, processor = load_actor(cfg, args.checkpoint)
     model.eval()
     manager = RolloutManager(
-        cfg.env, cfg.rollout, make_engine(cfg.rollout.engine, model, processor), processor
+        cfg.env,
+        cfg.rollout,
+        make_engine(cfg.rollout.engine, model, processor, **cfg.rollout.engine_options()),
+        processor,
     )
     summary, episodes = evaluate(manager, args.episodes // args.group_size, args.group_size, args.temperature)
 

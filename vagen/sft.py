@@ -2,8 +2,9 @@
 
     python -m vagen.sft --config configs/frozenlake_tiny.yaml [--teacher random|solver] [--out DIR] [k=v ...]
 
-1. Play `episodes` LanguageEnv episodes on training levels (the run's seed schedule, so validation
-   layouts stay held out) with a teacher writing the replies:
+1. Play `episodes` LanguageEnv episodes on training levels (the run's seed schedule, seeded by
+   sft.seed so that RL runs of any seed share the warm start; validation layouts stay held out) with a
+   teacher writing the replies:
    - `random` (the FORMAT warm start): 1..K random valid actions and generic, task-free reasoning text.
      It teaches the reply format and nothing about the game.
    - `solver`: the env's optimal actions from the current state (`env.unwrapped.optimal_actions`: BFS on
@@ -17,7 +18,8 @@
    minutes on a CPU; for a large checkpoint use the RL trainer's DeepSpeed stack instead.
 4. Evaluate on the validation levels (success with a Wilson CI, reply-format rate), and write the
    model + processor (save_pretrained) to `$VAGEN_CACHE/sft/<teacher>-<key>`, the key hashing the base
-   model, teacher, env and rollout config and this config: a second call with the same inputs is instant.
+   model, teacher, env and rollout config and this config (less NOT_IN_CACHE_KEY): a second call with
+   the same inputs is instant.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +92,9 @@ class SFTConfig:
     eval_temperature: float | None = field(
         default=None, metadata={"help": "sampling temperature of the evaluation; None = rollout.temperature"}
     )
-    seed: int = field(default=0, metadata={"help": "seed of the teacher, the data order and torch"})
+    seed: int = field(
+        default=0, metadata={"help": "seed of the teacher, its levels, the data order and torch"}
+    )
     cache_dir: str = field(default="", metadata={"help": "where warm starts are kept; '' = $VAGEN_CACHE/sft"})
 
     def __post_init__(self) -> None:
@@ -304,19 +308,35 @@ def describe(summary: EvalSummary) -> dict[str, float]:
     }
 
 
+# Fields that change neither the teacher's conversations nor the training: reward weights (the loss is
+# cross-entropy; only the report's mean return is in the rewards of the run that built the cache), the
+# RL rollout's engine and batch shape, and where the cache lives.
+NOT_IN_CACHE_KEY = {
+    "env": {
+        "format_reward",
+        "format_penalty",
+        "grounding_reward_weight",
+        "worldmodel_reward_weight",
+        "template_penalty",
+        "template_score_threshold",
+    },
+    "rollout": {"engine", "num_groups", "group_size", "seed"},  # levels follow sft.seed (run_sft)
+    "sft": {"cache_dir"},
+}
+
+
 def cache_key(model_path: Path, env_cfg: EnvConfig, rollout_cfg: RolloutConfig, sft_cfg: SFTConfig) -> str:
-    """sha256 over the base model (its config and weight files' names and sizes), env, rollout and SFT
-    configs (cache_dir excluded: where the result lives does not change it)."""
+    """sha256 over the base model (its config and weight files' names and sizes) and the env, rollout
+    and SFT configs, less NOT_IN_CACHE_KEY."""
     model_files = sorted(
         (p.name, p.stat().st_size) for p in model_path.iterdir() if p.is_file() and p.name != REPORT_FILE
     )
-    sft = {k: v for k, v in asdict(sft_cfg).items() if k != "cache_dir"}
+    configs = {"env": env_cfg, "rollout": rollout_cfg, "sft": sft_cfg}
     payload = {
-        "model": [str(model_path), (model_path / "config.json").read_text(), model_files],
-        "env": asdict(env_cfg),
-        "rollout": asdict(rollout_cfg),
-        "sft": sft,
+        name: {k: v for k, v in asdict(cfg).items() if k not in NOT_IN_CACHE_KEY[name]}
+        for name, cfg in configs.items()
     }
+    payload["model"] = [str(model_path), (model_path / "config.json").read_text(), model_files]
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -341,6 +361,8 @@ def run_sft(
     log=print,
 ) -> SFTResult:
     """The whole warm start (module docstring); returns the cached result when it exists."""
+    # its levels and dynamics follow sft.seed, not the RL run's seed: RL seeds share one warm start
+    rollout_cfg = replace(rollout_cfg, seed=sft_cfg.seed)
     key = cache_key(resolve_model_path(model_path), env_cfg, rollout_cfg, sft_cfg)
     target = Path(out_dir) if out_dir is not None else cache_folder(sft_cfg, key)
     if (target / REPORT_FILE).is_file():

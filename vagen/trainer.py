@@ -54,6 +54,7 @@ from vagen.metrics import (
 )
 from vagen.models.loading import ValueModel, load_policy, tokenizer_of
 from vagen.models.scoring import token_logprobs, token_values
+from vagen.report import end_of_run_report
 from vagen.rollout.batch import RolloutBatch
 from vagen.rollout.engines.base import make_engine
 from vagen.rollout.evaluate import wilson_interval
@@ -184,9 +185,8 @@ def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
     if cfg.algo.kl_coef > 0 and lora is None:
         reference, _ = load_policy(start, **load)
         reference.to(comm_device()).eval().requires_grad_(False)
-    # vLLM keeps its own copy of the weights (synced after every update) and needs the context budget
-    engine_options = {"max_model_len": cfg.rollout.max_context_tokens} if cfg.rollout.engine == "vllm" else {}
-    generation = make_engine(cfg.rollout.engine, actor.module, processor, **engine_options)
+    # vLLM keeps its own copy of the weights (synced after every update) and sizes its budgets up front
+    generation = make_engine(cfg.rollout.engine, actor.module, processor, **cfg.rollout.engine_options())
     return Models(actor, critic, reference, processor, generation)
 
 
@@ -584,10 +584,6 @@ def restore(path: Path, models: Models, manager: RolloutManager) -> dict[str, An
     return state
 
 
-def describe_validation(v: dict[str, float]) -> str:
-    return f"{v['val/success_rate']:.3f} [{v['val/success_ci_low']:.3f}, {v['val/success_ci_high']:.3f}]"
-
-
 # ----------------------------------------------------------------------------------------------
 # the loop
 
@@ -722,10 +718,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     if val_after is None or stopped:  # stopped early, or resumed at the end: not in metrics.jsonl
         val_after = validate(manager, cfg, rank, world)
     summary = {"steps": step, "val_before": state["val_before"], "val_after": val_after}
-    logger.write(
-        f"[vagen] validation success ({cfg.trainer.val_groups * cfg.trainer.val_group_size} episodes): "
-        f"before {describe_validation(state['val_before'])} -> after {describe_validation(val_after)}; "
-        f"checkpoints in {checkpoint.checkpoint_root(run_dir)}"
-    )
     logger.close()
+    if rank == 0:
+        episodes = cfg.trainer.val_groups * cfg.trainer.val_group_size
+        report = end_of_run_report(run_dir, step, episodes, state["val_before"], val_after)
+        print("\n".join(report), flush=True)
     return summary

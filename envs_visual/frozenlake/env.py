@@ -45,10 +45,12 @@ INSTRUCTION = (
     "falling into a hole. You move one cell per action; moving into the edge leaves you in place."
 )
 SLIPPERY_NOTE = " The ice is slippery: a move may carry you sideways instead of where you meant to go."
-IMAGE_LEGEND = (
-    "In the image: light blue cells are ice, dark blue ovals are holes, the gift box is the goal, "
-    "the green frame is the start, and the orange figure is you, the player."
-)
+IMAGE_LEGENDS = {
+    "sprites": "In the image: light blue cells are ice, dark blue ovals are holes, the gift box is the "
+    "goal, the green frame is the start, and the orange figure is you, the player.",
+    "flat": "In the image: light blue cells are ice, dark blue cells are holes, the green cell is the "
+    "goal, and the red cell is you, the player.",
+}
 TEXT_LEGEND = "In the grid: 'P' you, 'S' start, 'F' frozen ice, 'H' hole, 'G' goal. Row 1 is the top row."
 
 
@@ -64,11 +66,12 @@ class VisualFrozenLakeEnv(gymnasium.Env):
     Terminates in a hole or on the goal (gymnasium's rules and rewards, `reward_schedule`
     = (goal, hole, frozen)); truncates after `max_steps` steps.
     info: success, optimal_steps (BFS on the non-slippery map), action_is_effective.
+    Images: `cell_size` pixels per cell, `tile_style` "sprites" (the PNGs in envs_visual/assets) or
+    "flat" (one solid colour per cell; envs_visual.render.FLAT_COLOURS).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
     action_names = ACTION_NAMES
-    image_legend = IMAGE_LEGEND
     text_legend = TEXT_LEGEND
     example_facts = (("goal", "below"), ("goal", "right"), ("hole", "left"))
 
@@ -81,6 +84,7 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         reward_schedule: tuple[float, float, float] = (1.0, 0.0, 0.0),
         max_steps: int = 100,
         cell_size: int = 28,
+        tile_style: str = "sprites",
         render_mode: str | None = "rgb_array",
     ):
         self.size, self.p = size, p
@@ -90,7 +94,8 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         self.instruction = INSTRUCTION + (SLIPPERY_NOTE if is_slippery else "")
         self.max_steps = max_steps
         self.render_mode = render_mode
-        self.renderer = TileRenderer(TILE_NAMES, cell_size)
+        self.renderer = TileRenderer(TILE_NAMES, cell_size, tile_style)
+        self.image_legend = IMAGE_LEGENDS[tile_style]
         self.action_space = spaces.Discrete(4)
         self.observation_space = spaces.Dict(
             {

@@ -32,10 +32,13 @@ INSTRUCTION = (
     "box by walking into it; a box moves only if the cell beyond it is free (no wall, no other box). "
     "Boxes cannot be pulled, so a box pushed into a corner is stuck."
 )
-IMAGE_LEGEND = (
-    "In the image: brown bricks are walls, grey cells are floor, red rings are targets, orange crates "
-    "are boxes, green crates are boxes on targets, and the blue figure is you, the player."
-)
+IMAGE_LEGENDS = {
+    "sprites": "In the image: brown bricks are walls, grey cells are floor, red rings are targets, "
+    "orange crates are boxes, green crates are boxes on targets, and the blue figure is you, the player.",
+    "flat": "In the image: dark grey cells are walls, light grey cells are floor, pink cells are "
+    "targets, brown cells are boxes, green cells are boxes on targets, and the blue cell is you "
+    "(purple when you stand on a target).",
+}
 TEXT_LEGEND = (
     "In the grid: '#' wall, ' ' floor, '.' target, '$' box, '*' box on target, '@' player, "
     "'+' player on target. Row 1 is the top row."
@@ -50,12 +53,13 @@ class SokobanEnv(gymnasium.Env):
     Terminates when solved; truncates after `max_steps` steps.
     info: success, boxes_on_target, action_is_effective, optimal_steps (None when unknown: a given
     level the solver could not finish within `solver_max_states`).
+    Images: `cell_size` pixels per cell, `tile_style` "sprites" (the PNGs in envs_visual/assets) or
+    "flat" (one solid colour per cell; envs_visual.render.FLAT_COLOURS).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
     action_names = ACTION_NAMES
     instruction = INSTRUCTION
-    image_legend = IMAGE_LEGEND
     text_legend = TEXT_LEGEND
     example_facts = (("box", "below"), ("box", "same column"), ("target", "below"), ("target", "left"))
 
@@ -73,6 +77,7 @@ class SokobanEnv(gymnasium.Env):
         box_on_target_reward: float = 1.0,
         solved_reward: float = 10.0,
         solver_max_states: int = 200_000,
+        tile_style: str = "sprites",
         render_mode: str | None = "rgb_array",
     ):
         self.dim_room = tuple(dim_room)
@@ -91,7 +96,8 @@ class SokobanEnv(gymnasium.Env):
         self.solved_reward = solved_reward
         self.solver_max_states = solver_max_states
         self.render_mode = render_mode
-        self.renderer = TileRenderer(TILE_NAMES, cell_size)
+        self.renderer = TileRenderer(TILE_NAMES, cell_size, tile_style)
+        self.image_legend = IMAGE_LEGENDS[tile_style]
         rows, cols = self.dim_room
         self.action_space = spaces.Discrete(4)
         self.observation_space = spaces.Dict(

@@ -24,6 +24,9 @@ class EnvConfig:
     )
     max_actions_per_turn: int = field(default=3, metadata={"help": "actions executed at most per reply"})
     format_reward: float = field(default=0.5, metadata={"help": "reward for a well-formed reply"})
+    format_penalty: float = field(
+        default=0.0, metadata={"help": "reward (<= 0) for a malformed reply; RAGEN uses -0.1"}
+    )
     text_only: bool = field(default=False, metadata={"help": "text observations (grid as text), no images"})
     grounding_reward_weight: float = field(
         default=0.0, metadata={"help": "weight of the F1 of <observation> against the true state"}
@@ -128,3 +131,15 @@ class RolloutConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def max_images_per_prompt(self) -> int:
+        """Images one prompt can hold: one per kept turn (all turns, or the first + `window` + current)."""
+        return self.max_turns if self.window is None else min(self.max_turns, self.window + 2)
+
+    def engine_options(self) -> dict[str, int]:
+        """Options of `make_engine(self.engine, ...)` that follow from these budgets: vLLM sizes its
+        context and its per-prompt image limit up front; the HF engine needs none."""
+        if self.engine != "vllm":
+            return {}
+        return {"max_model_len": self.max_context_tokens, "max_images_per_prompt": self.max_images_per_prompt}

@@ -33,6 +33,7 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
         prompt_format=cfg.prompt_format,
         max_actions_per_turn=cfg.max_actions_per_turn,
         format_reward=cfg.format_reward,
+        format_penalty=cfg.format_penalty,
         text_only=cfg.text_only,
     )
 

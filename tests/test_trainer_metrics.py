@@ -2,6 +2,8 @@
 
 import math
 
+import torch
+
 from vagen.config import AlarmConfig
 from vagen.metrics import Alarms, MetricAccumulator
 
@@ -28,3 +30,34 @@ def test_alarms_fire_on_a_grad_norm_spike_and_a_sustained_std_drop():
     assert alarms.update({"train/return_std_in_group": 0.1})["alarm/return_std_collapse"] == 0.0  # 1 step
     assert alarms.update({"train/return_std_in_group": 0.1})["alarm/return_std_collapse"] == 1.0  # patience 2
     assert set(alarms.update({})) == set()  # metrics absent this step: nothing to judge
+
+
+def test_grounding_f1_is_logged_for_formats_with_an_observation_and_malformed_replies_count_zero():
+    from types import SimpleNamespace
+
+    from vagen.metrics import rollout_metrics
+    from vagen.rollout.batch import EpisodeRecord, TurnRecord
+
+    def turn(grounding, format_ok=True):
+        return TurnRecord(
+            "obs", None, "reply", "stop", 5, format_ok, ["Up"], 0, 0.0, 0.0, grounding, None, 0.0
+        )
+
+    episode = EpisodeRecord(group=0, member=0, level_seed=1, dynamics_seed=1, turns=[turn(1.0), turn(0.5)])
+    episode2 = EpisodeRecord(group=0, member=1, level_seed=1, dynamics_seed=2, turns=[turn(None, False)])
+    batch = SimpleNamespace(
+        episodes=[episode, episode2],
+        episode_outcomes=lambda: (
+            torch.tensor([0, 0]),
+            torch.tensor([0.0, 1.0]),
+            torch.tensor([False, True]),
+        ),
+    )
+    tokenizer = lambda text, add_special_tokens: SimpleNamespace(input_ids=text.split())  # noqa: E731
+    with_observation = MetricAccumulator()
+    rollout_metrics(batch, tokenizer, with_observation, ("observation", "reasoning"))
+    reduced = with_observation.reduce()
+    assert math.isclose(reduced["train/grounding_f1"], 0.5) and "train/worldmodel_f1" not in reduced
+    free_think = MetricAccumulator()
+    rollout_metrics(batch, tokenizer, free_think, ())
+    assert "train/grounding_f1" not in free_think.reduce()

@@ -66,8 +66,11 @@ class MetricAccumulator:
         return out
 
 
-def rollout_metrics(batch: RolloutBatch, tokenizer, stats: MetricAccumulator) -> None:
-    """train/* metrics of this rank's episodes, weighted so that the reduction averages all ranks."""
+def rollout_metrics(
+    batch: RolloutBatch, tokenizer, stats: MetricAccumulator, think_parts: tuple[str, ...] | None = None
+) -> None:
+    """train/* metrics of this rank's episodes, weighted so that the reduction averages all ranks.
+    `think_parts`: the prompt format's <think> elements (its F1 metrics exist on every rank alike)."""
     groups, returns, success = batch.episode_outcomes()
     episodes, turns = batch.episodes, [t for ep in batch.episodes for t in ep.turns]
     stats.add("train/success_rate", success.float().mean().item(), len(episodes))
@@ -80,6 +83,13 @@ def rollout_metrics(batch: RolloutBatch, tokenizer, stats: MetricAccumulator) ->
     stats.add("train/invalid_action_rate", sum(t.num_invalid for t in turns) / max(proposed, 1), proposed)
     stats.add("train/format_ok_rate", sum(t.format_ok for t in turns) / max(len(turns), 1), len(turns))
     stats.add("train/response_tokens", sum(t.num_tokens for t in turns) / max(len(turns), 1), len(turns))
+    for key, tag, field_name in (
+        ("train/grounding_f1", "observation", "grounding"),
+        ("train/worldmodel_f1", "prediction", "worldmodel"),
+    ):
+        if tag in (think_parts or ()):
+            scored = [getattr(t, field_name) or 0.0 for t in turns]  # a malformed reply scores 0
+            stats.add(key, sum(scored) / len(scored), len(scored))
     think = [
         (t.texts.get("think", ""), (ep.level_seed, i)) for ep in episodes for i, t in enumerate(ep.turns)
     ]

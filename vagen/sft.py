@@ -5,7 +5,8 @@
 1. Play `episodes` LanguageEnv episodes on training levels (the run's seed schedule, seeded by
    sft.seed so that RL runs of any seed share the warm start; validation layouts stay held out) with a
    teacher writing the replies:
-   - `random` (the FORMAT warm start): 1..K random valid actions and generic, task-free reasoning text.
+   - `random` (the FORMAT warm start): 1..K random valid actions, generic reasoning text and, in the
+     grounding / world-modeling formats, state facts with random content (the sentence form only).
      It teaches the reply format and nothing about the game.
    - `solver`: the env's optimal actions from the current state (`env.unwrapped.optimal_actions`: BFS on
      FrozenLake, the Sokoban solver), with the true state facts (envs_visual.facts.facts_to_sentence) in
@@ -39,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from envs_visual.facts import facts_to_sentence
+from envs_visual.facts import RELATIONS, facts_to_sentence
 from envs_visual.language import PROMPT_FORMATS, LanguageEnv
 from vagen.models.loading import load_policy
 from vagen.models.scoring import token_logprobs
@@ -54,8 +55,8 @@ from vagen.rollout.seeds import EpisodeSeeds
 
 WARM_START_TEACHERS = {"format": "random", "solver": "solver"}  # model.warm_start -> teacher
 REPORT_FILE = "sft_report.json"
-# Generic text of the format warm start: one fixed sentence per element, so the only randomness the
-# model must fit is the actions', and the text says nothing about any game state.
+# Generic text of the format warm start's <reasoning> (and the solver's fallback when a state has no
+# facts): one fixed sentence, which says nothing about any game state.
 GENERIC_REASONING = "Let me decide my next moves."
 GENERIC_OBSERVATION = "I look at the current state of the game."
 GENERIC_PREDICTION = "After my moves the state will change."
@@ -72,7 +73,9 @@ class SFTConfig:
 
     teacher: str = field(
         default="random",
-        metadata={"help": "random (format warm start: random valid actions, generic text) | solver"},
+        metadata={
+            "help": "random (format warm start: random valid actions, generic text, random facts) | solver"
+        },
     )
     episodes: int = field(default=256, metadata={"help": "teacher-played episodes (training levels)"})
     steps: int = field(default=400, metadata={"help": "optimizer steps"})
@@ -117,13 +120,25 @@ class SFTResult:
 # teachers
 
 
+def random_facts(game, rng: np.random.Generator) -> str:
+    """A state description in the facts' sentence form with random content: each of the game's objects
+    (those of `example_facts`) with one or two random relations. Teaches the form, not the state."""
+    objects = list(dict.fromkeys(name for name, _ in game.example_facts))
+    facts = []
+    for name in objects:
+        count = int(rng.integers(1, 3))
+        facts += [(name, RELATIONS[i]) for i in sorted(rng.choice(len(RELATIONS), count, replace=False))]
+    return facts_to_sentence(facts)
+
+
 def random_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
-    """1..max_actions uniformly random actions and fixed generic text (the format warm start)."""
+    """1..max_actions uniformly random actions, generic reasoning, and random (not true) state facts
+    in <observation> / <prediction>: the format warm start teaches how to answer, not what is true."""
     actions = rng.integers(len(game.action_names), size=int(rng.integers(1, max_actions + 1))).tolist()
     return actions, {
-        "observation": GENERIC_OBSERVATION,
+        "observation": random_facts(game, rng),
         "reasoning": GENERIC_REASONING,
-        "prediction": GENERIC_PREDICTION,
+        "prediction": random_facts(game, rng),
     }
 
 

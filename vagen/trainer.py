@@ -32,6 +32,7 @@ import transformers
 from deepspeed.accelerator import get_accelerator
 from deepspeed.utils import safe_get_full_grad, safe_set_full_grad
 
+from envs_visual.language import PROMPT_FORMATS
 from vagen import checkpoint
 from vagen.algo import (
     ADVANTAGE_ESTIMATORS,
@@ -651,7 +652,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
                 adv, returns = torch.zeros_like(kept.token_rewards), torch.zeros_like(kept.token_rewards)
             pad_row = batch.select([0])
             timings["time/score_s"] = time.perf_counter() - start
-        rollout_metrics(batch, tokenizer, stats)
+        rollout_metrics(batch, tokenizer, stats, PROMPT_FORMATS[cfg.env.prompt_format].think_parts)
         scoring_metrics(batch, scores, cfg, stats)
 
         # 5. update

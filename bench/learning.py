@@ -189,7 +189,14 @@ def run_training(run: Run) -> str:
     metrics_file = run_dir / "metrics.jsonl"
     with (run_dir / "bench.log").open("w") as log:
         process = subprocess.Popen(
-            run.train_command(), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            run.train_command(),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # a background shell starts us with SIGINT ignored, which the run would inherit: the polite
+            # stop would then wait out the whole grace period
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         rl_started = None
         while process.poll() is None:

@@ -1,0 +1,53 @@
+"""bench/learning.py: run planning and the table + plots written from run folders."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("bench_learning", REPO / "bench" / "learning.py")
+learning = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(learning)
+
+
+def fake_run(root: Path, name: str, algo: str, seed: int, finals: list[float], warm: Path) -> None:
+    run_dir = root / name
+    run_dir.mkdir(parents=True)
+    bench = {"task": "frozenlake", "algo": algo, "seed": seed, "warm_starts": {"format": str(warm)}}
+    (run_dir / learning.BENCH_FILE).write_text(json.dumps(bench))
+    lines = []
+    for i, success in enumerate(finals):
+        line = {"step": 10 * i, "val/success_rate": success}
+        line |= {"val/success_ci_low": success - 0.05, "val/success_ci_high": success + 0.05}
+        if i:
+            line["time/step_s"] = 60.0  # one minute per validation interval
+        lines.append(line)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+
+
+def test_summary_table_and_plots_from_run_folders(tmp_path):
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    report = {"after": {"success": 0.02, "success_ci": [0.01, 0.04]}, "teacher_success": {"optimal": 0.7}}
+    (warm / "sft_report.json").write_text(json.dumps(report))
+    fake_run(tmp_path / "runs", "a", "grpo", 0, [0.0, 0.2, 0.4], warm)
+    fake_run(tmp_path / "runs", "b", "grpo", 1, [0.0, 0.3, 0.6], warm)
+    fake_run(tmp_path / "runs", "c", "gae", 0, [0.0, 0.1], warm)
+    learning.summarize(learning.find_run_dirs([str(tmp_path / "runs")]), tmp_path / "results")
+
+    table = (tmp_path / "results" / "learning.md").read_text()
+    assert "| frozenlake | grpo | 1 | 0.000 [-0.05, 0.05] | 0.600 [0.55, 0.65] @ 20 | 20 | 2.0 " in table
+    assert "| 0.020 [0.01, 0.04] | - | 0.700 |" in table  # format warm start, no solver, the VI optimum
+    assert "| frozenlake | grpo | 2 | 0.500 | 0.400 .. 0.600 |" in table  # mean over seeds
+    assert (tmp_path / "results" / "learning_frozenlake.png").stat().st_size > 10_000
+
+
+def test_algorithm_names_and_modifiers():
+    assert learning.algorithm_overrides("grpo") == ["algo.adv=grpo"]
+    assert learning.algorithm_overrides("bilevel_gae+starpo_s")[1:] == learning.STARPO_S
+    with pytest.raises(SystemExit, match="unknown advantage estimator"):
+        learning.algorithm_overrides("ppo2")
+    with pytest.raises(SystemExit, match="modifier"):
+        learning.algorithm_overrides("grpo+dapo")

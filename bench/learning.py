@@ -5,7 +5,7 @@ the same seeds and budgets for every algorithm) as a subprocess, validates every
 `--val-levels` held-out levels (success with a 95% Wilson CI), and stops the run politely (SIGINT, then
 SIGTERM after a grace period) once `--minutes` of RL have passed -- the clock starts when the run logs
 its step-0 validation, so model loading and the cached warm start do not count. Before the runs of a
-task+seed it builds the solver warm start (`python -m vagen.sft --teacher solver`, cached), the
+task it builds the solver warm start (`python -m vagen.sft --teacher solver`, cached), the
 imitation reference. Then it writes under bench/results/:
 
 - learning.md: task, algorithm, seed, success before and after RL (95% CI), steps, wall minutes, the
@@ -214,13 +214,13 @@ def run_training(run: Run) -> str:
 
 
 def execute(runs: list[Run], with_solver: bool, dry_run: bool) -> None:
-    solver_done: set[tuple[str, int]] = set()
+    solver_done: set[str] = set()  # one solver warm start per task: its levels follow sft.seed, not the run's
     for run in runs:
-        if with_solver and (run.task, run.seed) not in solver_done:
-            solver_done.add((run.task, run.seed))
+        if with_solver and run.task not in solver_done:
+            solver_done.add(run.task)
             print("$ " + shlex.join(run.solver_command()), flush=True)
             if not dry_run:
-                log_file = REPO / Path(run.run_dir).parent / f"sft-solver-{run.task}-s{run.seed}.log"
+                log_file = REPO / Path(run.run_dir).parent / f"sft-solver-{run.task}.log"
                 log_file.parent.mkdir(parents=True, exist_ok=True)
                 with log_file.open("w") as log:
                     solver = subprocess.run(

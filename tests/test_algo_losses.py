@@ -142,6 +142,9 @@ def test_value_loss_explained_variance():
     assert stats_to_floats(stats)["explained_variance"] == pytest.approx(1 - 0.0625 / 1.25)
     _, constant = value_loss(values, values, torch.ones(1, 4), mask)
     assert stats_to_floats(constant)["explained_variance"] == 0.0
+    rounding = torch.tensor([[0.0, 1e-7, 0.0, -1e-7]])  # Var 5e-15: equal returns up to float noise
+    _, noise = value_loss(values, values, rounding, mask)
+    assert stats_to_floats(noise)["explained_variance"] == 0.0
 
 
 def test_kl_estimators_hand_computed():

@@ -44,5 +44,13 @@ def test_summarize_counts_episodes_turns_and_actions():
     assert (s.k, s.pass_at_1, s.pass_at_k) == (2, pytest.approx(0.25), pytest.approx(0.5))
     assert (s.success_ci_low, s.success_ci_high) == wilson_interval(1, 4)
     assert s.metrics()["val/success_rate"] == 0.25
+    assert s.grounding_f1 is None and "val/grounding_f1" not in s.metrics()  # no <observation> asked
     with pytest.raises(ValueError):
         summarize([])
+
+
+def test_summarize_averages_grounding_over_the_turns_that_have_it():
+    episode = record(1, False, [["Up"], ["Down"], ["Left"]], [0, 0, 0], [True, True, False])
+    for turn, score in zip(episode.turns, (1.0, 0.5, 0.0), strict=True):
+        turn.grounding = score
+    assert summarize([episode]).metrics()["val/grounding_f1"] == pytest.approx(0.5)

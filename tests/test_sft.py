@@ -45,15 +45,35 @@ def test_teacher_replies_are_well_formed_in_every_format():
     rng = np.random.default_rng(0)
     for prompt_format in PROMPT_FORMATS:
         env = language_env(prompt_format)
-        for teacher in ("random", "solver"):
+        for teacher in ("random", "describe", "solver"):
             reply = teacher_reply(env, teacher, 3, rng)
             parse = parse_reply(reply, prompt_format, env.action_names, 3)
             assert parse.format_ok, (prompt_format, teacher, reply)
             if teacher == "solver":
                 optimal = [env.action_names[a] for a in env.env.unwrapped.optimal_actions(3)]
                 assert parse.actions == optimal
-            if prompt_format == "grounding":  # both write facts; only the solver's are the true ones
+            if prompt_format == "grounding":  # all write facts; describe and solver the true ones
                 assert "the player" in parse.texts["observation"]
+
+
+def test_describe_teacher_states_the_truth_and_plays_at_random():
+    """The grounded warm start's teacher: its <observation> is the env's true state (F1 = 1) on every
+    state, its <prediction> the state after its own actions, and its actions do not follow the state."""
+    from vagen.rollout.reasoning import fact_f1
+    from vagen.sft import predicted_facts
+
+    openings = set()
+    for seed in range(8):
+        env = language_env("grounding_worldmodeling")
+        env.reset(seed=seed)
+        game = env.env.unwrapped
+        reply = teacher_reply(env, "describe", 3, np.random.default_rng(0))
+        parse = parse_reply(reply, "grounding_worldmodeling", env.action_names, 3)
+        assert fact_f1(parse.texts["observation"], game.describe_state()) == 1.0
+        actions = [env.action_names.index(name) for name in parse.actions]
+        assert fact_f1(parse.texts["prediction"], predicted_facts(game, actions)) == 1.0
+        openings.add(tuple(parse.actions))
+    assert len(openings) == 1  # same rng, different states: the same random actions
 
 
 def test_format_teacher_reply_does_not_depend_on_the_state():

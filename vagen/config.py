@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
 from vagen.algo import ADVANTAGE_ESTIMATORS, GROUP_FILTERS, KL_ESTIMATORS, LOSS_AGGREGATIONS
+from vagen.perception import PerceptionConfig
 from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.sft import WARM_START_TEACHERS, SFTConfig
 
@@ -63,7 +64,9 @@ class ModelConfig:
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters (rank 0 = off)"})
     warm_start: str = field(
         default="none",
-        metadata={"help": "none | format | solver: first fine-tune `path` by vagen.sft (cached), see `sft`"},
+        metadata={
+            "help": "none | format | grounded | solver: fine-tune the start by vagen.sft (cached), see `sft`"
+        },
     )
 
 
@@ -215,6 +218,10 @@ class RunConfig:
     alarms: AlarmConfig = field(default_factory=AlarmConfig, metadata={"help": "collapse alarms"})
     logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"help": "metric sinks"})
     sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "warm start (model.warm_start)"})
+    perception: PerceptionConfig = field(
+        default_factory=PerceptionConfig,
+        metadata={"help": "pretraining to read the images (vagen.perception)"},
+    )
 
 
 def valid_keys(schema: type = RunConfig, prefix: str = "") -> list[str]:

@@ -53,7 +53,8 @@ from vagen.rollout.evaluate import EvalSummary, evaluate
 from vagen.rollout.manager import RolloutManager, make_language_env, read_chat_template, seed_schedule
 from vagen.rollout.seeds import EpisodeSeeds
 
-WARM_START_TEACHERS = {"format": "random", "solver": "solver"}  # model.warm_start -> teacher
+# model.warm_start -> teacher
+WARM_START_TEACHERS = {"format": "random", "grounded": "describe", "solver": "solver"}
 REPORT_FILE = "sft_report.json"
 # Generic text of the format warm start's <reasoning> (and the solver's fallback when a state has no
 # facts): one fixed sentence, which says nothing about any game state.
@@ -74,7 +75,8 @@ class SFTConfig:
     teacher: str = field(
         default="random",
         metadata={
-            "help": "random (format warm start: random valid actions, generic text, random facts) | solver"
+            "help": "random (format warm start: random valid actions, generic text, random facts) | "
+            "describe (the same with the true state facts) | solver (optimal actions, true facts)"
         },
     )
     episodes: int = field(default=256, metadata={"help": "teacher-played episodes (training levels)"})
@@ -101,8 +103,8 @@ class SFTConfig:
     cache_dir: str = field(default="", metadata={"help": "where warm starts are kept; '' = $VAGEN_CACHE/sft"})
 
     def __post_init__(self) -> None:
-        if self.teacher not in ("random", "solver"):
-            raise ValueError(f"sft.teacher must be random or solver, got {self.teacher!r}")
+        if self.teacher not in TEACHERS:
+            raise ValueError(f"sft.teacher must be one of {sorted(TEACHERS)}, got {self.teacher!r}")
         for name in ("episodes", "steps", "batch_size", "micro_batch_size", "eval_levels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
@@ -142,6 +144,17 @@ def random_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[li
     }
 
 
+def describe_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
+    """Random actions as the format teacher's, with the TRUE state facts in <observation> / <prediction>:
+    a model that can say what it sees but has no idea how to play (the analogue of a pretrained VLM)."""
+    actions = rng.integers(len(game.action_names), size=int(rng.integers(1, max_actions + 1))).tolist()
+    return actions, {
+        "observation": facts_to_sentence(game.describe_state()) or GENERIC_OBSERVATION,
+        "reasoning": GENERIC_REASONING,
+        "prediction": facts_to_sentence(predicted_facts(game, actions)) or GENERIC_PREDICTION,
+    }
+
+
 def solver_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
     """The env's optimal actions from the current state, and the true state facts before and after."""
     actions = game.optimal_actions(max_actions) or [int(rng.integers(len(game.action_names)))]  # stuck
@@ -152,7 +165,7 @@ def solver_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[li
     }
 
 
-TEACHERS = {"random": random_teacher, "solver": solver_teacher}
+TEACHERS = {"random": random_teacher, "describe": describe_teacher, "solver": solver_teacher}
 
 
 def teacher_reply(env: LanguageEnv, teacher: str, max_actions: int, rng: np.random.Generator) -> str:
@@ -320,6 +333,7 @@ def describe(summary: EvalSummary) -> dict[str, float]:
         "success_ci": [summary.success_ci_low, summary.success_ci_high],
         "format_ok": 1.0 - summary.format_error_rate,
         "invalid_action_rate": summary.invalid_action_rate,
+        **({} if summary.grounding_f1 is None else {"grounding_f1": summary.grounding_f1}),
     }
 
 
@@ -446,15 +460,26 @@ def save_atomically(model, processor, report: dict, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def start_model(cfg, log=print) -> str:
+    """The base the warm start builds on: `cfg.model.path`, or its perception-pretrained copy (cached,
+    vagen.perception) when `cfg.perception.enabled`."""
+    if not cfg.perception.enabled:
+        return cfg.model.path
+    from vagen.perception import perception_model  # it imports this module
+
+    return perception_model(cfg.model.path, cfg.env, cfg.rollout, cfg.perception, log)
+
+
 def warm_start_model(cfg, log=print) -> str:
-    """The policy checkpoint a run starts from: `cfg.model.path` itself when `cfg.model.warm_start` is
+    """The policy checkpoint a run starts from: `start_model(cfg)` itself when `cfg.model.warm_start` is
     "none", else the (cached) warm start of it with teacher WARM_START_TEACHERS[warm_start] and `cfg.sft`.
     `cfg` is a vagen.config.RunConfig. With several ranks, call it on rank 0 first, then barrier, then
     on the others (they hit the cache)."""
+    base = start_model(cfg, log)
     if cfg.model.warm_start == "none":
-        return cfg.model.path
+        return base
     sft_cfg = SFTConfig(**{**asdict(cfg.sft), "teacher": WARM_START_TEACHERS[cfg.model.warm_start]})
-    return str(run_sft(cfg.model.path, cfg.env, cfg.rollout, sft_cfg, log=log).model_dir)
+    return str(run_sft(base, cfg.env, cfg.rollout, sft_cfg, log=log).model_dir)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -470,7 +495,7 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg = load_config_or_exit(args.config, args.overrides)
     sft_cfg = cfg.sft if args.teacher is None else SFTConfig(**{**asdict(cfg.sft), "teacher": args.teacher})
-    result = run_sft(cfg.model.path, cfg.env, cfg.rollout, sft_cfg, args.out)
+    result = run_sft(start_model(cfg), cfg.env, cfg.rollout, sft_cfg, args.out)
     print(json.dumps({"model_dir": str(result.model_dir), **result.report}, indent=2))
 
 

@@ -142,9 +142,14 @@ class ValueLossStats:
     """Detached 0-dim tensors over the masked tokens."""
 
     clip_frac: Tensor  # the clipped prediction gave the larger error
-    explained_variance: Tensor  # 1 - Var[R - V] / Var[R]; 0 when Var[R] = 0
+    explained_variance: Tensor  # 1 - Var[R - V] / Var[R]; 0 when Var[R] <= MIN_RETURN_VARIANCE
     values_mean: Tensor
     returns_mean: Tensor
+
+
+# Below this Var[R] the explained variance is reported as 0: returns that are equal up to float
+# rounding (e.g. a batch without any reward) gave values like -4.8e14 in the logs.
+MIN_RETURN_VARIANCE = 1e-8
 
 
 def value_loss(
@@ -180,7 +185,8 @@ def value_loss(
         returns_var = masked_mean((returns - returns_mean) ** 2, mask)
         residual = returns - values
         residual_var = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
-        explained = torch.where(returns_var > 0, 1.0 - residual_var / returns_var.clamp(min=1e-30), 0.0)
+        defined = returns_var > MIN_RETURN_VARIANCE  # float noise on equal returns is not variance
+        explained = torch.where(defined, 1.0 - residual_var / returns_var.clamp(min=MIN_RETURN_VARIANCE), 0.0)
         stats = ValueLossStats(
             clip_frac=masked_mean(clipped_wins.float(), mask),
             explained_variance=explained,

@@ -44,9 +44,10 @@ class EvalSummary:
     pass_at_1: float
     pass_at_k: float  # k = group size: at least one success among the k tries of a level
     k: int
+    grounding_f1: float | None = None  # mean <observation> fact F1 over turns (formats that have one)
 
     def metrics(self, prefix: str = "val/") -> dict[str, float]:
-        return {prefix + name: float(value) for name, value in asdict(self).items()}
+        return {prefix + name: float(value) for name, value in asdict(self).items() if value is not None}
 
 
 def summarize(episodes: list[EpisodeRecord]) -> EvalSummary:
@@ -61,6 +62,7 @@ def summarize(episodes: list[EpisodeRecord]) -> EvalSummary:
     for ep in episodes:
         by_level.setdefault(ep.level_seed, []).append(ep.success)
     k = min(len(v) for v in by_level.values())
+    grounding = [t.grounding for t in turns if t.grounding is not None]
     return EvalSummary(
         num_episodes=len(episodes),
         success_rate=successes / len(episodes),
@@ -73,6 +75,7 @@ def summarize(episodes: list[EpisodeRecord]) -> EvalSummary:
         pass_at_1=sum(pass_at_k(len(v), sum(v), 1) for v in by_level.values()) / len(by_level),
         pass_at_k=sum(pass_at_k(len(v), sum(v), k) for v in by_level.values()) / len(by_level),
         k=k,
+        grounding_f1=sum(grounding) / len(grounding) if grounding else None,
     )
 
 

@@ -1,0 +1,113 @@
+"""Perception pretraining (vagen.perception): states, caption rows, accuracy, and that training reads."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vagen.models.loading import load_policy
+from vagen.perception import PerceptionConfig, caption_batch, grid_accuracy, pretrain_perception, walk_states
+from vagen.rollout.assembly import ChatCodec
+from vagen.rollout.config import EnvConfig, RolloutConfig
+from vagen.sft import SFTConfig, train_sft
+
+ENV = EnvConfig(env_id="envs_visual/FrozenLake-v0", env_kwargs={"size": 4, "tile_style": "flat"})
+
+
+def test_walks_never_end_the_episode_and_the_grid_matches_the_image():
+    states = list(walk_states(ENV, list(range(40)), max_walk=10, seed=0))
+    players = set()
+    for image, grid in states:
+        rows = [row.split(" ") for row in grid.split("\n")]
+        assert len(rows) == 4 and all(len(row) == 4 for row in rows)
+        (player,) = [(r, c) for r in range(4) for c in range(4) if rows[r][c] == "P"]
+        players.add(player)
+        cell = image[player[0] * 28 + 14, player[1] * 28 + 14]
+        assert tuple(cell) == (230, 30, 30)  # the flat style's player, alive (never in a hole, at the goal)
+    assert len(players) >= 6  # the walks spread the player over the map
+
+
+def test_caption_rows_train_only_the_grid_and_training_reads_it(tiny_vlm_path):
+    torch.manual_seed(0)
+    model, processor = load_policy(tiny_vlm_path)
+    codec = ChatCodec(processor)
+    states = list(walk_states(ENV, list(range(8)), max_walk=10, seed=0))
+    data = caption_batch(codec, "You play.", states)
+    for row, (_, grid) in enumerate(states):
+        reply = codec.decode(data.input_ids[row][data.loss_mask[row]].tolist())
+        assert reply.startswith(grid) and reply.count("<|image_pad|>") == 0
+    before = grid_accuracy(model, data)
+    cfg = SFTConfig(steps=60, batch_size=8, micro_batch_size=8, lr=3e-3, warmup_steps=5)
+    train_sft(model, data, cfg, log=lambda _: None)
+    after = grid_accuracy(model, data)
+    assert before["token_accuracy"] < 0.2 and after["token_accuracy"] > 0.8  # spaces, rows, letters
+
+
+def test_pretrain_perception_writes_a_loadable_model(tiny_vlm_path, tmp_path):
+    cfg = PerceptionConfig(samples=4, steps=1, batch_size=4, eval_samples=2)
+    report = pretrain_perception(
+        str(tiny_vlm_path), ENV, RolloutConfig(num_val_layouts=2), cfg, str(tmp_path / "seeing"), log=print
+    )
+    assert set(report["after"]) == {"token_accuracy", "grid_exact"}
+    model, _ = load_policy(tmp_path / "seeing")
+    assert np.isfinite(sum(p.sum().item() for p in model.parameters()))
+
+
+def test_perception_cache_key_follows_images_and_levels_not_rewards(tiny_vlm_path, tmp_path):
+    import dataclasses
+
+    from vagen.perception import perception_dir
+
+    cfg = PerceptionConfig(cache_dir=str(tmp_path))
+    rollout = RolloutConfig()
+    key = perception_dir(str(tiny_vlm_path), ENV, rollout, cfg)
+    same = [
+        dataclasses.replace(ENV, format_reward=0.5, prompt_format="grounding"),
+        dataclasses.replace(ENV, max_actions_per_turn=1),
+    ]
+    for env in same:
+        assert perception_dir(str(tiny_vlm_path), env, rollout, cfg) == key
+    assert perception_dir(str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, enabled=True)) == key
+    sprites = dataclasses.replace(ENV, env_kwargs={"size": 4})
+    changed = [
+        perception_dir(str(tiny_vlm_path), sprites, rollout, cfg),
+        perception_dir(str(tiny_vlm_path), ENV, RolloutConfig(num_val_layouts=7), cfg),
+        perception_dir(str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, steps=10)),
+    ]
+    assert len({key, *changed}) == 4
+
+
+def test_warm_start_builds_on_the_perception_model_when_enabled(tiny_vlm_path, tmp_path):
+    from vagen.config import load_config
+    from vagen.sft import start_model, warm_start_model
+
+    overrides = [
+        f"model.path={tiny_vlm_path}",
+        "model.warm_start=format",
+        "env.env_kwargs.tile_style=flat",
+        "rollout.max_turns=1",
+        "rollout.max_new_tokens=4",
+        "rollout.num_val_layouts=2",
+        "perception.samples=4",
+        "perception.steps=1",
+        "perception.batch_size=4",
+        "perception.eval_samples=2",
+        f"perception.cache_dir={tmp_path / 'perception'}",
+        "sft.episodes=2",
+        "sft.steps=1",
+        "sft.batch_size=2",
+        "sft.eval_levels=1",
+        f"sft.cache_dir={tmp_path / 'sft'}",
+    ]
+    cfg = load_config("configs/frozenlake_tiny.yaml", overrides)
+    assert start_model(cfg) == str(tiny_vlm_path)  # perception off: the base itself
+    cfg = load_config("configs/frozenlake_tiny.yaml", [*overrides, "perception.enabled=true"])
+    messages = []
+    seeing = start_model(cfg, log=messages.append)
+    assert seeing.startswith(str(tmp_path / "perception"))
+    assert messages[0].startswith("perception pretraining")
+    warm = warm_start_model(cfg, log=messages.append)
+    assert any(m == f"perception pretraining cached: {seeing}" for m in messages)  # built once, then reused
+    report = json.loads((Path(warm) / "sft_report.json").read_text())
+    assert report["base_model"] == seeing

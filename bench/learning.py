@@ -55,7 +55,7 @@ TASK_RECIPES = {
 TASK_MINUTES = {"frozenlake": 30.0, "sokoban": 60.0, "frozenlake_slippery": 30.0}
 ALGORITHMS = ("gae", "grpo", "bilevel_gae", "bilevel_gae+starpo_s", "gigpo")
 STARPO_S = ["algo.filter.rule=top_std_fraction", "algo.filter.keep=0.5"]  # keep 4 of the recipes' 8 groups
-TEACHER_OF = {"format": "random", "solver": "solver"}  # warm start -> vagen.sft teacher
+REFERENCE_WARM_STARTS = ("format", "solver")  # keys of vagen.sft.WARM_START_TEACHERS
 BENCH_FILE = "bench.json"
 GRACE_SECONDS = 120.0
 POLL_SECONDS = 5.0
@@ -146,18 +146,23 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
 
 
 def warm_start_folders(run: Run) -> dict[str, str]:
-    """Where the run's format and solver warm starts are cached (vagen.sft's hash of their inputs)."""
+    """Where the run's format and solver warm starts are cached (vagen.sft's hash of their inputs), on
+    the run's start model (its perception-pretrained copy, built by then, when perception is on)."""
     from vagen.config import load_config
-    from vagen.sft import SFTConfig, warm_start_dir
+    from vagen.sft import WARM_START_TEACHERS, SFTConfig, start_model, warm_start_dir
 
     cfg = load_config(REPO / run.recipe, run.overrides)
+    base = start_model(cfg, log=lambda _: None)
     return {
         kind: str(
             warm_start_dir(
-                cfg.model.path, cfg.env, cfg.rollout, SFTConfig(**{**asdict(cfg.sft), "teacher": teacher})
+                base,
+                cfg.env,
+                cfg.rollout,
+                SFTConfig(**{**asdict(cfg.sft), "teacher": WARM_START_TEACHERS[kind]}),
             )
         )
-        for kind, teacher in TEACHER_OF.items()
+        for kind in REFERENCE_WARM_STARTS
     }
 
 

@@ -1,6 +1,6 @@
 """Warm starts by supervised fine-tuning on teacher-played conversations.
 
-    python -m vagen.sft --config configs/frozenlake_tiny.yaml [--teacher random|solver] [--out DIR] [k=v ...]
+    python -m vagen.sft --config configs/frozenlake_tiny.yaml [--teacher random|describe|solver] [--out DIR]
 
 1. Play `episodes` LanguageEnv episodes on training levels (the run's seed schedule, seeded by
    sft.seed so that RL runs of any seed share the warm start; validation layouts stay held out) with a
@@ -8,6 +8,8 @@
    - `random` (the FORMAT warm start): 1..K random valid actions, generic reasoning text and, in the
      grounding / world-modeling formats, state facts with random content (the sentence form only).
      It teaches the reply format and nothing about the game.
+   - `describe` (the GROUNDED warm start): the same random actions, with the TRUE state facts in
+     <observation> / <prediction> -- it can say what it sees, not how to play.
    - `solver`: the env's optimal actions from the current state (`env.unwrapped.optimal_actions`: BFS on
      FrozenLake, the Sokoban solver), with the true state facts (envs_visual.facts.facts_to_sentence) in
      <observation> / <prediction>. An imitation baseline.
@@ -133,10 +135,15 @@ def random_facts(game, rng: np.random.Generator) -> str:
     return facts_to_sentence(facts)
 
 
+def random_actions(game, max_actions: int, rng: np.random.Generator) -> list[int]:
+    """1..max_actions uniformly random action ids."""
+    return rng.integers(len(game.action_names), size=int(rng.integers(1, max_actions + 1))).tolist()
+
+
 def random_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
-    """1..max_actions uniformly random actions, generic reasoning, and random (not true) state facts
-    in <observation> / <prediction>: the format warm start teaches how to answer, not what is true."""
-    actions = rng.integers(len(game.action_names), size=int(rng.integers(1, max_actions + 1))).tolist()
+    """Random actions, generic reasoning, and random (not true) state facts in <observation> /
+    <prediction>: the format warm start teaches how to answer, not what is true."""
+    actions = random_actions(game, max_actions, rng)
     return actions, {
         "observation": random_facts(game, rng),
         "reasoning": GENERIC_REASONING,
@@ -147,7 +154,7 @@ def random_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[li
 def describe_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
     """Random actions as the format teacher's, with the TRUE state facts in <observation> / <prediction>:
     a model that can say what it sees but has no idea how to play (the analogue of a pretrained VLM)."""
-    actions = rng.integers(len(game.action_names), size=int(rng.integers(1, max_actions + 1))).tolist()
+    actions = random_actions(game, max_actions, rng)
     return actions, {
         "observation": facts_to_sentence(game.describe_state()) or GENERIC_OBSERVATION,
         "reasoning": GENERIC_REASONING,

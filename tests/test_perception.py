@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from vagen.models.loading import load_policy
@@ -46,6 +47,9 @@ def test_caption_rows_train_only_the_grid_and_training_reads_it(tiny_vlm_path):
 
 def test_pretrain_perception_writes_a_loadable_model(tiny_vlm_path, tmp_path):
     cfg = PerceptionConfig(samples=4, steps=1, batch_size=4, eval_samples=2)
+    text_only = EnvConfig(env_id=ENV.env_id, env_kwargs=ENV.env_kwargs, text_only=True)
+    with pytest.raises(ValueError, match="text_only"):
+        pretrain_perception(str(tiny_vlm_path), text_only, RolloutConfig(), cfg, str(tmp_path / "no"))
     report = pretrain_perception(
         str(tiny_vlm_path), ENV, RolloutConfig(num_val_layouts=2), cfg, str(tmp_path / "seeing"), log=print
     )

@@ -132,6 +132,8 @@ def pretrain_perception(
     log=print,
 ) -> dict:
     """The whole pretraining (module docstring); writes model + processor + report to `out_dir`."""
+    if env_cfg.text_only:
+        raise ValueError("perception pretraining reads the env's images, but env.text_only is true")
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
     model, processor = load_policy(model_path)

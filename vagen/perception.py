@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,7 +40,7 @@ from vagen.rollout.assembly import ChatCodec, EpisodeAssembler
 from vagen.rollout.batch import EpisodeRecord, RolloutBatch, build_batch
 from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.manager import make_language_env, read_chat_template, seed_schedule
-from vagen.sft import REPORT_FILE, SFTConfig, save_atomically, train_sft
+from vagen.sft import REPORT_FILE, SFTConfig, inputs_key, save_atomically, train_sft
 
 PROMPT = "Write the grid you see, one row per line."
 
@@ -188,20 +187,16 @@ ROLLOUT_FIELDS_IN_KEY = (
 def perception_dir(
     model_path: str, env_cfg: EnvConfig, rollout_cfg: RolloutConfig, cfg: PerceptionConfig
 ) -> Path:
-    """`$VAGEN_CACHE/perception/<key>`: sha256 over the base model (config, weight files' names and sizes),
-    the env's images and levels and this config (less `enabled` and `cache_dir`)."""
-    base = resolve_model_path(model_path)
-    payload = {
-        "model": [
-            str(base),
-            (base / "config.json").read_text(),
-            sorted((p.name, p.stat().st_size) for p in base.iterdir() if p.is_file()),
-        ],
-        "env": {k: getattr(env_cfg, k) for k in ENV_FIELDS_IN_KEY},
-        "rollout": {k: getattr(rollout_cfg, k) for k in ROLLOUT_FIELDS_IN_KEY},
-        "perception": {k: v for k, v in asdict(cfg).items() if k not in ("enabled", "cache_dir")},
-    }
-    key = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """`$VAGEN_CACHE/perception/<key>`: vagen.sft.inputs_key over the base model, the env's images and
+    levels and this config (less `enabled` and `cache_dir`)."""
+    key = inputs_key(
+        resolve_model_path(model_path),
+        {
+            "env": {k: getattr(env_cfg, k) for k in ENV_FIELDS_IN_KEY},
+            "rollout": {k: getattr(rollout_cfg, k) for k in ROLLOUT_FIELDS_IN_KEY},
+            "perception": {k: v for k, v in asdict(cfg).items() if k not in ("enabled", "cache_dir")},
+        },
+    )
     return (Path(cfg.cache_dir) if cfg.cache_dir else cache_root() / "perception") / key
 
 

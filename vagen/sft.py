@@ -361,19 +361,26 @@ NOT_IN_CACHE_KEY = {
 }
 
 
-def cache_key(model_path: Path, env_cfg: EnvConfig, rollout_cfg: RolloutConfig, sft_cfg: SFTConfig) -> str:
-    """sha256 over the base model (its config and weight files' names and sizes) and the env, rollout
-    and SFT configs, less NOT_IN_CACHE_KEY."""
+def inputs_key(model_path: Path, configs: dict) -> str:
+    """16 hex digits of sha256 over the base model (its path, config and weight files' names and sizes,
+    not a report written beside them) and `configs` (JSON-able, dataclass values as str)."""
     model_files = sorted(
         (p.name, p.stat().st_size) for p in model_path.iterdir() if p.is_file() and p.name != REPORT_FILE
     )
-    configs = {"env": env_cfg, "rollout": rollout_cfg, "sft": sft_cfg}
-    payload = {
-        name: {k: v for k, v in asdict(cfg).items() if k not in NOT_IN_CACHE_KEY[name]}
-        for name, cfg in configs.items()
-    }
-    payload["model"] = [str(model_path), (model_path / "config.json").read_text(), model_files]
+    payload = {**configs, "model": [str(model_path), (model_path / "config.json").read_text(), model_files]}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cache_key(model_path: Path, env_cfg: EnvConfig, rollout_cfg: RolloutConfig, sft_cfg: SFTConfig) -> str:
+    """inputs_key over the base model and the env, rollout and SFT configs, less NOT_IN_CACHE_KEY."""
+    configs = {"env": env_cfg, "rollout": rollout_cfg, "sft": sft_cfg}
+    return inputs_key(
+        model_path,
+        {
+            name: {k: v for k, v in asdict(cfg).items() if k not in NOT_IN_CACHE_KEY[name]}
+            for name, cfg in configs.items()
+        },
+    )
 
 
 def cache_folder(sft_cfg: SFTConfig, key: str) -> Path:

@@ -75,6 +75,7 @@ PROMPT_FORMATS = {
 class Observation:
     text: str  # message text; each image is marked by IMAGE_PLACEHOLDER
     images: list[np.ndarray]  # uint8 (H, W, 3), one per placeholder, in order (empty in text mode)
+    state: str  # the env's text grid of the current state, shown or not: an exact key of the state
 
 
 @dataclass
@@ -177,7 +178,7 @@ class LanguageEnv:
             f"Example reply:\n{self.example_reply()}",
             f"Current observation:\n{self._placeholder(obs)}",
         ]
-        return Observation("\n".join(lines), self._images(obs)), info
+        return Observation("\n".join(lines), self._images(obs), obs["text"]), info
 
     def step(self, reply: str):
         game = self.env.unwrapped
@@ -242,7 +243,7 @@ class LanguageEnv:
         if parse.num_invalid:
             lines.append(f"{parse.num_invalid} invalid or extra action(s) were ignored.")
         lines.append(f"Current observation:\n{self._placeholder(self._last_obs)}")
-        return Observation("\n".join(lines), self._images(self._last_obs))
+        return Observation("\n".join(lines), self._images(self._last_obs), self._last_obs["text"])
 
     def _placeholder(self, obs: dict[str, Any]) -> str:
         return obs["text"] if self.text_only else IMAGE_PLACEHOLDER

@@ -140,6 +140,19 @@ def test_text_mode_replaces_the_image_by_the_grid():
     assert "######\n# @  #\n#  $.#" in obs.text and obs.images == []
 
 
+def test_observation_state_is_the_grid_whatever_the_path_and_the_mode():
+    """Observation.state keys the env state: back at the start after Down, Up it equals the first
+    observation's, whose message text differs; and it is the same with or without images."""
+    for text_only in (False, True):
+        lang = sokoban("no_think", text_only=text_only)
+        start, _ = lang.reset(options={"level": LEVEL})
+        assert start.state == LEVEL
+        down, *_ = lang.step("<answer>Down</answer>")
+        assert down.state == LEVEL.replace("# @$.#\n#    #", "#  $.#\n# @  #")
+        back, *_ = lang.step("<answer>Up</answer>")
+        assert back.state == LEVEL and back.text != start.text
+
+
 def test_frozenlake_language_env():
     env = gymnasium.make("envs_visual/FrozenLake-v0", is_slippery=True)
     lang = LanguageEnv(env, prompt_format="grounding")

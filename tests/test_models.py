@@ -194,7 +194,17 @@ def test_value_model_from_policy_save_load(vlm, tiny_vlm_path, tmp_path):
         torch.nn.init.normal_(critic.value_head.weight, std=0.1)
         values = token_values(critic, input_ids, attention_mask, vision, micro_batch_size=1)
         assert values.shape == input_ids.shape and values.dtype == torch.float32
-        assert (values[attention_mask == 0] == 0).all() and values[attention_mask == 1].abs().min() > 0
+        real = attention_mask.bool() & (torch.arange(input_ids.shape[1]) > 0)
+        assert (values[~real] == 0).all() and values[real].abs().min() > 0
+        # aligned with token_logprobs: V at token i is the critic's output at i - 1 (before token i)
+        first = encodings[0]
+        alone = critic(
+            first["input_ids"],
+            first["attention_mask"],
+            VisionInputs(first["pixel_values"], first["image_grid_thw"]),
+        )[0]
+        length = first["input_ids"].shape[1]
+        torch.testing.assert_close(values[0, 1:length], alone[: length - 1], atol=1e-5, rtol=0)
         critic.save_pretrained(tmp_path / "critic")
         reloaded = ValueModel.from_pretrained(tmp_path / "critic")
         torch.testing.assert_close(

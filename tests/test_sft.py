@@ -1,10 +1,12 @@
 """Warm starts (vagen.sft): teacher replies, RL-identical assembly, masked-loss training, cache."""
 
 import dataclasses
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import torch
+from transformers import AutoTokenizer
 
 import envs_visual  # noqa: F401
 from envs_visual.language import PROMPT_FORMATS, LanguageEnv, parse_reply
@@ -45,14 +47,14 @@ def test_teacher_replies_are_well_formed_in_every_format():
     rng = np.random.default_rng(0)
     for prompt_format in PROMPT_FORMATS:
         env = language_env(prompt_format)
-        for teacher in ("random", "describe", "solver"):
+        for teacher in ("random", "describe", "grid", "solver"):
             reply = teacher_reply(env, teacher, 3, rng)
             parse = parse_reply(reply, prompt_format, env.action_names, 3)
             assert parse.format_ok, (prompt_format, teacher, reply)
             if teacher == "solver":
                 optimal = [env.action_names[a] for a in env.env.unwrapped.optimal_actions(3)]
                 assert parse.actions == optimal
-            if prompt_format == "grounding":  # all write facts; describe and solver the true ones
+            if prompt_format == "grounding" and teacher != "grid":  # facts; describe, solver true ones
                 assert "the player" in parse.texts["observation"]
 
 
@@ -74,6 +76,37 @@ def test_describe_teacher_states_the_truth_and_plays_at_random():
         assert fact_f1(parse.texts["prediction"], predicted_facts(game, actions)) == 1.0
         openings.add(tuple(parse.actions))
     assert len(openings) == 1  # same rng, different states: the same random actions
+
+
+def test_grid_teacher_writes_the_true_grid_and_plays_at_random():
+    """The grid warm start's teacher: <think> (free_think) or <observation> is the env's text grid with
+    spaced cells (no token spans two), <prediction> the grid after its own actions; its actions
+    ignore the state."""
+    from vagen.sft import cell_grid
+
+    openings = set()
+    for seed in range(6):
+        env = language_env("free_think")
+        env.reset(seed=seed)
+        game = env.env.unwrapped
+        think = parse_reply(
+            teacher_reply(env, "grid", 3, np.random.default_rng(0)), "free_think", env.action_names, 3
+        )
+        rows = game.text_grid().split("\n")
+        assert think.texts["think"].split("\n") == [" ".join(row) for row in rows]
+        openings.add(tuple(think.actions))
+    assert len(openings) == 1
+    env = language_env("grounding_worldmodeling")
+    env.reset(seed=2)
+    game = env.env.unwrapped
+    reply = teacher_reply(env, "grid", 1, np.random.default_rng(3))
+    parse = parse_reply(reply, "grounding_worldmodeling", env.action_names, 1)
+    assert parse.texts["observation"] == cell_grid(game)
+    env.step(reply)
+    assert parse.texts["prediction"] == cell_grid(game)  # deterministic ice: the prediction comes true
+    tokenizer = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[1] / "assets" / "tiny")
+    pieces = [tokenizer.decode([token]) for token in tokenizer.encode(cell_grid(game))]
+    assert all(len(piece.strip()) <= 1 for piece in pieces)  # no token merges two cells
 
 
 def test_format_teacher_reply_does_not_depend_on_the_state():

@@ -65,7 +65,8 @@ class ModelConfig:
     warm_start: str = field(
         default="none",
         metadata={
-            "help": "none | format | grounded | solver: fine-tune the start by vagen.sft (cached), see `sft`"
+            "help": "none | format | grounded | grid | solver: fine-tune the start by vagen.sft (cached), "
+            "see `sft`"
         },
     )
 

@@ -90,9 +90,7 @@ def rollout_metrics(
         if tag in (think_parts or ()):
             scored = [getattr(t, field_name) or 0.0 for t in turns]  # a malformed reply scores 0
             stats.add(key, sum(scored) / len(scored), len(scored))
-    think = [
-        (t.texts.get("think", ""), (ep.level_seed, i)) for ep in episodes for i, t in enumerate(ep.turns)
-    ]
+    think = [(t.texts.get("think", ""), t.state) for ep in episodes for t in ep.turns]
     think_tokens = sum(len(tokenizer(text, add_special_tokens=False).input_ids) for text, _ in think)
     stats.add("train/think_tokens", think_tokens / max(len(turns), 1), len(turns))
     written = [(text, key) for text, key in think if text.strip()]  # replies without a <think> say nothing

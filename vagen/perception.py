@@ -40,7 +40,7 @@ from vagen.rollout.assembly import ChatCodec, EpisodeAssembler
 from vagen.rollout.batch import EpisodeRecord, RolloutBatch, build_batch
 from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.manager import make_language_env, read_chat_template, seed_schedule
-from vagen.sft import REPORT_FILE, SFTConfig, inputs_key, save_atomically, train_sft
+from vagen.sft import REPORT_FILE, SFTConfig, cell_grid, inputs_key, save_atomically, train_sft
 
 PROMPT = "Write the grid you see, one row per line."
 
@@ -89,8 +89,7 @@ def walk_states(env_cfg: EnvConfig, level_seeds: list[int], max_walk: int, seed:
                 if not (terminated or truncated):
                     game.step(int(action))
                     break
-        grid = "\n".join(" ".join(row) for row in game.text_grid().split("\n"))
-        yield game.render(), grid
+        yield game.render(), cell_grid(game)
 
 
 def caption_batch(codec: ChatCodec, system_prompt: str, states) -> RolloutBatch:

@@ -10,6 +10,9 @@
      It teaches the reply format and nothing about the game.
    - `describe` (the GROUNDED warm start): the same random actions, with the TRUE state facts in
      <observation> / <prediction> -- it can say what it sees, not how to play.
+   - `grid` (the GRID warm start): the same random actions, with the TRUE state written as the env's
+     text grid (cells spaced apart: `cell_grid`) in <think> (free_think) or <observation> /
+     <prediction>: the policy then reads the state from its own text, as a text-mode policy would.
    - `solver`: the env's optimal actions from the current state (`env.unwrapped.optimal_actions`: BFS on
      FrozenLake, the Sokoban solver), with the true state facts (envs_visual.facts.facts_to_sentence) in
      <observation> / <prediction>. An imitation baseline.
@@ -56,7 +59,7 @@ from vagen.rollout.manager import RolloutManager, make_language_env, read_chat_t
 from vagen.rollout.seeds import EpisodeSeeds
 
 # model.warm_start -> teacher
-WARM_START_TEACHERS = {"format": "random", "grounded": "describe", "solver": "solver"}
+WARM_START_TEACHERS = {"format": "random", "grounded": "describe", "grid": "grid", "solver": "solver"}
 REPORT_FILE = "sft_report.json"
 # Generic text of the format warm start's <reasoning> (and the solver's fallback when a state has no
 # facts): one fixed sentence, which says nothing about any game state.
@@ -78,7 +81,8 @@ class SFTConfig:
         default="random",
         metadata={
             "help": "random (format warm start: random valid actions, generic text, random facts) | "
-            "describe (the same with the true state facts) | solver (optimal actions, true facts)"
+            "describe (the same with the true state facts) | grid (the same with the true text grid) | "
+            "solver (optimal actions, true facts)"
         },
     )
     episodes: int = field(default=256, metadata={"help": "teacher-played episodes (training levels)"})
@@ -162,6 +166,25 @@ def describe_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[
     }
 
 
+def cell_grid(game) -> str:
+    """The env's text grid with the cells of a row separated by spaces (`P F F F`): no token of the
+    shipped tokenizer spans two cells, whose merges ("FFFH") would otherwise hide the columns."""
+    return "\n".join(" ".join(row) for row in game.text_grid().split("\n"))
+
+
+def grid_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
+    """Random actions, with the TRUE grid (`cell_grid`) as the whole <think> (free_think) or in
+    <observation>, and the grid after the actions in <prediction>."""
+    actions = random_actions(game, max_actions, rng)
+    grid = cell_grid(game)
+    return actions, {
+        "think": grid,
+        "observation": grid,
+        "reasoning": GENERIC_REASONING,
+        "prediction": cell_grid(played_copy(game, actions)),
+    }
+
+
 def solver_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
     """The env's optimal actions from the current state, and the true state facts before and after."""
     actions = game.optimal_actions(max_actions) or [int(rng.integers(len(game.action_names)))]  # stuck
@@ -172,7 +195,12 @@ def solver_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[li
     }
 
 
-TEACHERS = {"random": random_teacher, "describe": describe_teacher, "solver": solver_teacher}
+TEACHERS = {
+    "random": random_teacher,
+    "describe": describe_teacher,
+    "grid": grid_teacher,
+    "solver": solver_teacher,
+}
 
 
 def teacher_reply(env: LanguageEnv, teacher: str, max_actions: int, rng: np.random.Generator) -> str:
@@ -182,18 +210,25 @@ def teacher_reply(env: LanguageEnv, teacher: str, max_actions: int, rng: np.rand
     think_parts = PROMPT_FORMATS[env.prompt_format].think_parts
     if think_parts is None:
         return answer
-    inner = "".join(f"<{tag}>{texts[tag]}</{tag}>" for tag in think_parts) or texts["reasoning"]
+    if not think_parts:  # free_think: free text
+        return f"<think>{texts.get('think', texts['reasoning'])}</think>{answer}"
+    inner = "".join(f"<{tag}>{texts[tag]}</{tag}>" for tag in think_parts)
     return f"<think>{inner}</think>{answer}"
 
 
-def predicted_facts(game, actions: list[int]) -> list[tuple[str, str]]:
-    """describe_state() after playing `actions` on a copy of the game (slips drawn from the copy's RNG)."""
+def played_copy(game, actions: list[int]):
+    """A copy of the game after `actions` (until the episode ends; slips drawn from the copy's RNG)."""
     future = copy.deepcopy(game)
     for action in actions:
         _, _, terminated, truncated, _ = future.step(action)
         if terminated or truncated:
             break
-    return future.describe_state()
+    return future
+
+
+def predicted_facts(game, actions: list[int]) -> list[tuple[str, str]]:
+    """describe_state() after playing `actions` on a copy of the game."""
+    return played_copy(game, actions).describe_state()
 
 
 def play_teacher_episodes(

@@ -12,7 +12,6 @@
 """
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -251,15 +250,10 @@ def filter_groups(batch: RolloutBatch, cfg: RunConfig, world: int) -> tuple[torc
     return rows, int(torch.unique(all_groups[kept]).numel()), int(torch.unique(all_groups).numel())
 
 
-def state_keys(batch: RolloutBatch) -> list[list[tuple[str, str]]]:
-    """GiGPO's per-turn state keys of each episode: the observation the turn saw (text, image digest)."""
-    return [
-        [
-            (t.observation, hashlib.sha1(t.frame.tobytes()).hexdigest() if t.frame is not None else "")
-            for t in ep.turns
-        ]
-        for ep in batch.episodes
-    ]
+def state_keys(batch: RolloutBatch) -> list[list[str]]:
+    """GiGPO's per-turn state keys of each episode: the env state each turn acted in (its text grid),
+    not the message, which also says how the agent got there ("Executed actions: Left.")."""
+    return [[t.state for t in ep.turns] for ep in batch.episodes]
 
 
 def advantages(

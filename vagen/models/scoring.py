@@ -92,11 +92,17 @@ def token_values(
     vision: VisionInputs | None,
     micro_batch_size: int,
 ) -> torch.Tensor:
-    """A ValueModel's values (B, L) float32 over micro-batches; padding gets 0."""
+    """A ValueModel's values (B, L) float32 over micro-batches, aligned like `token_logprobs`:
+    values[b, i] is the critic's output at position i - 1, V of the context x[b, <i] that token i is
+    sampled from -- not of a context that already holds token i, which would make the baseline of an
+    action token depend on the action (V(i) = Q(s, a)) and cancel its advantage. Position 0 and
+    padding get 0.
+    """
     config = _unwrap_config(critic)
     values = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     for rows, ids, mask, row_vision in _micro_batches(
         config, input_ids, attention_mask, vision, micro_batch_size
     ):
-        values[rows, : ids.shape[1]] = critic(ids, mask, row_vision) * mask
+        length = ids.shape[1]
+        values[rows, 1:length] = critic(ids, mask, row_vision)[:, :-1] * mask[:, 1:]
     return values

@@ -31,6 +31,7 @@ class TurnRecord:
     worldmodel: float | None
     reward: float  # env_reward + reasoning_reward, placed at the turn end
     texts: dict[str, str] = field(default_factory=dict)  # parsed tag texts
+    state: str = ""  # the env's text grid of the state the turn answered (Observation.state)
 
 
 @dataclass

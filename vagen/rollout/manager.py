@@ -243,6 +243,7 @@ class RolloutManager:
                 worldmodel=reasoning.worldmodel,
                 reward=reward,
                 texts=dict(parse.texts),
+                state=seen.state,
             )
         )
         record.episode_return += reward

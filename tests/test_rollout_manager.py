@@ -59,6 +59,7 @@ def test_groups_share_levels_and_members_get_own_dynamics(processor):
     for g in range(2):
         members = [i for i, ep in enumerate(episodes) if ep.group == g]
         assert all(np.array_equal(first[members[0]], first[i]) for i in members)  # same initial state
+        assert len({episodes[i].turns[0].state for i in members}) == 1  # and the same state key
         assert len({episodes[i].dynamics_seed for i in members}) == 3  # own slip RNG per member
     assert not np.array_equal(first[0], first[3])  # groups get different levels
     assert batch.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
@@ -170,6 +171,8 @@ def test_text_only_sokoban_end_to_end_is_reproducible(tiny_text):
     ]
     assert a.loss_mask.sum() == sum(t.num_tokens for ep in a.episodes for t in ep.turns)
     assert "#" in a.episodes[0].turns[0].observation  # the XSB grid as text
+    for ep in a.episodes:  # each turn's state key is the grid it was shown (GiGPO's anchor states)
+        assert all(t.observation.endswith(t.state) for t in ep.turns)
     logp = a.rollout_logprobs[a.loss_mask]
     assert (logp <= 0).all() and (logp < 0).any()
 

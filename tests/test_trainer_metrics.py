@@ -5,7 +5,7 @@ import math
 import torch
 
 from vagen.config import AlarmConfig
-from vagen.metrics import Alarms, MetricAccumulator
+from vagen.metrics import Alarms, MetricAccumulator, add_value_moments, with_explained_variance
 
 
 def test_accumulator_weights_items_not_calls():
@@ -17,6 +17,24 @@ def test_accumulator_weights_items_not_calls():
     stats.add_max("time/rollout_s", 1.0)
     reduced = stats.reduce()
     assert reduced == {"train/success_rate": 0.75, "critic/vf_loss": 0.0, "time/rollout_s": 2.0}
+
+
+def test_explained_variance_is_over_the_whole_step_not_per_micro_batch():
+    """Two micro-batches whose returns are constant inside each (0 and 10) and a critic that predicts
+    them up to +-1: per micro-batch Var[R] = 0 (nothing to explain), over the step the critic explains
+    1 - Var[R - V] / Var[R] = 1 - 1 / 25 = 0.96 of it. The padding token (mask 0) is ignored."""
+    stats = MetricAccumulator()
+    mask = torch.tensor([[True, True, False]])
+    add_value_moments(stats, torch.tensor([[1.0, -1.0, 5.0]]), torch.zeros(1, 3), mask)
+    add_value_moments(stats, torch.tensor([[9.0, 11.0, 5.0]]), torch.full((1, 3), 10.0), mask)
+    stats.add("critic/vf_loss", 0.5, 4)
+    metrics = with_explained_variance(stats.reduce())
+    assert math.isclose(metrics["critic/explained_var"], 0.96)
+    assert metrics["critic/returns_mean"] == 5.0 and "critic/residual_sq_mean" not in metrics
+    assert with_explained_variance({"actor/entropy": 1.0}) == {"actor/entropy": 1.0}  # no critic
+    flat = MetricAccumulator()
+    add_value_moments(flat, torch.tensor([[1.0, 3.0]]), torch.full((1, 2), 2.0), torch.ones(1, 2).bool())
+    assert with_explained_variance(flat.reduce())["critic/explained_var"] == 0.0  # Var[R] = 0
 
 
 def test_alarms_fire_on_a_grad_norm_spike_and_a_sustained_std_drop():

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from vagen.algo import kl, masked_entropy_mean, masked_mean, mean_group_return_std, template_score
 from vagen.algo.diagnostics import CollapseDetector
+from vagen.algo.losses import MIN_RETURN_VARIANCE
 from vagen.config import AlarmConfig, LoggingConfig, RunConfig
 from vagen.rollout.batch import RolloutBatch
 
@@ -64,6 +65,41 @@ class MetricAccumulator:
         out = {k: (s / w if w > 0 else 0.0) for k, (s, w) in zip(mean_keys, sums.cpu().tolist(), strict=True)}
         out |= dict(zip(max_keys, maxima.cpu().tolist(), strict=True))
         return out
+
+
+# token-weighted moments of the returns R and the residuals R - V, summed over a step's micro-batches
+VALUE_MOMENTS = (
+    "critic/returns_mean",
+    "critic/returns_sq_mean",
+    "critic/residual_mean",
+    "critic/residual_sq_mean",
+)
+
+
+def add_value_moments(
+    stats: MetricAccumulator, values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+) -> None:
+    """Add one micro-batch's E[R], E[R^2], E[R - V], E[(R - V)^2] over the masked tokens (weight: tokens),
+    so that `with_explained_variance` can compute the explained variance over the whole step."""
+    mask = mask.bool()
+    returns, residual = returns[mask].double(), (returns - values)[mask].double()
+    tokens = int(mask.sum())
+    for key, x in zip(VALUE_MOMENTS, (returns, returns**2, residual, residual**2), strict=True):
+        stats.add(key, x.mean().item() if tokens else 0.0, tokens)
+
+
+def with_explained_variance(metrics: dict[str, float]) -> dict[str, float]:
+    """Replace the VALUE_MOMENTS by critic/explained_var = 1 - Var[R - V] / Var[R] over every value token
+    of the step (all micro-batches and ranks; 0 when Var[R] <= MIN_RETURN_VARIANCE), keeping
+    critic/returns_mean. Per micro-batch it would mislead: micro-batches group rows of similar length,
+    whose returns often do not vary at all."""
+    if VALUE_MOMENTS[0] not in metrics:
+        return metrics
+    out = dict(metrics)
+    r_mean, r_sq, res_mean, res_sq = (out.pop(key) for key in VALUE_MOMENTS)
+    returns_var, residual_var = r_sq - r_mean**2, res_sq - res_mean**2
+    explained = 1.0 - residual_var / returns_var if returns_var > MIN_RETURN_VARIANCE else 0.0
+    return out | {"critic/returns_mean": r_mean, "critic/explained_var": explained}
 
 
 def rollout_metrics(

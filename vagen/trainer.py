@@ -48,9 +48,11 @@ from vagen.metrics import (
     Alarms,
     MetricAccumulator,
     MetricsLogger,
+    add_value_moments,
     read_metrics,
     rollout_metrics,
     scoring_metrics,
+    with_explained_variance,
 )
 from vagen.models.loading import ValueModel, load_policy, tokenizer_of
 from vagen.models.scoring import token_logprobs, token_values
@@ -432,9 +434,9 @@ def critic_loss(models: Models, mb: MicroBatch, cfg: RunConfig, stats: MetricAcc
     if mb.scores is None:
         return 0.0 * values.sum()
     mask = part.adv_mask
-    loss, vf = value_loss(values, mb.scores.values, mb.returns, mask, cfg.algo.vf_clip)
+    loss, _ = value_loss(values, mb.scores.values, mb.returns, mask, cfg.algo.vf_clip)
     stats.add("critic/vf_loss", loss.item(), mask.sum().item())
-    stats.add("critic/explained_var", vf.explained_variance.item(), mask.sum().item())
+    add_value_moments(stats, values.detach(), mb.returns, mask)
     return loss * mb.value_weight
 
 
@@ -665,7 +667,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         start = time.perf_counter()
         for key, seconds in timings.items():
             stats.add_max(key, seconds)
-        metrics = {"step": step} | stats.reduce()
+        metrics = with_explained_variance({"step": step} | stats.reduce())
         metrics["actor/lr"] = models.actor.get_lr()[0]
         metrics["actor/skipped_steps"] = state["skipped_steps"]  # the skip decision is global (reduced norm)
         metrics["filter/kept_groups"] = kept_groups

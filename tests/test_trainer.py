@@ -70,7 +70,12 @@ def test_two_step_run(tmp_path, adv):
         assert not missing, missing
         assert all(math.isfinite(v) for v in m.values())
         assert m["filter/kept_groups"] == 2
-        assert ("critic/vf_loss" in m) == ("critic/explained_var" in m) == (adv != "grpo")
+        assert (
+            ("critic/vf_loss" in m)
+            == ("critic/clipfrac" in m)
+            == ("critic/explained_var" in m)
+            == (adv != "grpo")
+        )
     documented = (REPO / "docs" / "metrics.md").read_text()
     undocumented = {k for m in lines for k in m if k != "step" and f"`{k}`" not in documented}
     assert not undocumented, f"define these in docs/metrics.md: {sorted(undocumented)}"

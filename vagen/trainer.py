@@ -434,8 +434,9 @@ def critic_loss(models: Models, mb: MicroBatch, cfg: RunConfig, stats: MetricAcc
     if mb.scores is None:
         return 0.0 * values.sum()
     mask = part.adv_mask
-    loss, _ = value_loss(values, mb.scores.values, mb.returns, mask, cfg.algo.vf_clip)
+    loss, vf = value_loss(values, mb.scores.values, mb.returns, mask, cfg.algo.vf_clip)
     stats.add("critic/vf_loss", loss.item(), mask.sum().item())
+    stats.add("critic/clipfrac", vf.clip_frac.item(), mask.sum().item())
     add_value_moments(stats, values.detach(), mb.returns, mask)
     return loss * mb.value_weight
 

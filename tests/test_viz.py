@@ -23,6 +23,7 @@ def turn(reply: str, frame, reward: float) -> TurnRecord:
         grounding=None,
         worldmodel=None,
         reward=reward,
+        state="#####\n#@$.#\n#####",
     )
 
 
@@ -39,7 +40,7 @@ def episode(num_turns: int, visual: bool) -> EpisodeRecord:
         dynamics_seed=3,
         turns=turns,
         final_frame=frame,
-        final_observation="Current observation:\n###\n#+#",
+        final_state="###\n#+#",
         episode_return=0.5 * num_turns,
         success=True,
         num_actions=num_turns,

@@ -1,6 +1,8 @@
 """Warm starts by supervised fine-tuning on teacher-played conversations.
 
-    python -m vagen.sft --config configs/frozenlake_tiny.yaml [--teacher random|describe|grid|solver] [--out DIR]
+    python -m vagen.sft --config configs/frozenlake_tiny.yaml [--teacher TEACHER] [--out DIR]
+
+TEACHER: random | describe | grid | solver (below; default sft.teacher).
 
 1. Play `episodes` LanguageEnv episodes on training levels (the run's seed schedule, seeded by
    sft.seed so that RL runs of any seed share the warm start; validation layouts stay held out) with a

@@ -45,7 +45,7 @@ class EpisodeRecord:
     dynamics_seed: int
     turns: list[TurnRecord] = field(default_factory=list)
     final_frame: np.ndarray | None = None
-    final_observation: str = ""
+    final_state: str = ""  # the env's text grid after the last turn (Observation.state)
     episode_return: float = 0.0
     success: bool = False
     num_actions: int = 0

@@ -80,7 +80,7 @@ class _Episode:
         self.record.end_reason = reason
         images = self.observation.images
         self.record.final_frame = images[0] if images else None
-        self.record.final_observation = self.observation.text
+        self.record.final_state = self.observation.state
         self.record.new_segments_by_template = self.assembler.num_new_segments_by_template
 
 

@@ -26,7 +26,7 @@ def _wrapped(text: str, max_lines: int) -> list[str]:
     return lines if len(lines) <= max_lines else [*lines[: max_lines - 1], "..."]
 
 
-def _state_panel(frame: np.ndarray | None, text_observation: str) -> Image.Image:
+def _state_panel(frame: np.ndarray | None, grid: str) -> Image.Image:
     """The env image scaled to the panel, or (text-only mode) the text grid drawn in it."""
     panel = Image.new("RGB", (PANEL, PANEL), "white")
     if frame is not None:
@@ -35,7 +35,7 @@ def _state_panel(frame: np.ndarray | None, text_observation: str) -> Image.Image
         size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
         panel.paste(image.resize(size, Image.Resampling.NEAREST), (0, 0))
     else:
-        ImageDraw.Draw(panel).multiline_text((6, 6), text_observation[-600:], fill="black", font=_font())
+        ImageDraw.Draw(panel).multiline_text((6, 6), grid[-600:], fill="black", font=_font())
     return panel
 
 
@@ -47,11 +47,6 @@ def _frame(state: Image.Image, lines: list[tuple[str, str]]) -> np.ndarray:
     for row, (text, colour) in enumerate(lines):
         draw.text((PANEL + 8, 4 + row * LINE_HEIGHT), text, fill=colour, font=_font())
     return np.asarray(canvas)
-
-
-def _grid_text(observation: str) -> str:
-    """The text grid after the last 'Current observation:' line (text-only mode)."""
-    return observation.rsplit("Current observation:", 1)[-1].strip("\n")
 
 
 def episode_frames(episode: EpisodeRecord) -> list[np.ndarray]:
@@ -72,15 +67,13 @@ def episode_frames(episode: EpisodeRecord) -> list[np.ndarray]:
         lines.append(
             (f"turn reward {turn.reward:.2f}  (format {'ok' if turn.format_ok else 'bad'})", "darkred")
         )
-        frames.append(_frame(_state_panel(turn.frame, _grid_text(turn.observation)), lines))
+        frames.append(_frame(_state_panel(turn.frame, turn.state), lines))
     outcome = "SUCCESS" if episode.success else "no success"
     final_lines = [
         (f"final state after {len(episode.turns)} turns, {episode.num_actions} actions", "black"),
         (f"return {episode.episode_return:.2f}   outcome: {outcome} ({episode.end_reason})", "darkred"),
     ]
-    frames.append(
-        _frame(_state_panel(episode.final_frame, _grid_text(episode.final_observation)), final_lines)
-    )
+    frames.append(_frame(_state_panel(episode.final_frame, episode.final_state), final_lines))
     return frames
 
 

@@ -129,6 +129,12 @@ def parse_reply(
     return ParseResult(len(items) > 0 and num_invalid == 0, actions, num_invalid, texts, spans)
 
 
+def separate_cells(grid: str, separator: str) -> str:
+    """The text grid with `separator` between the cells of each row ("P F F" for "PFF" with " "): a BPE
+    tokenizer then keeps one token per cell instead of merging runs like "FFFH" that hide the columns."""
+    return "\n".join(separator.join(row) for row in grid.split("\n"))
+
+
 class LanguageEnv:
     """Wraps an envs_visual env for a language model: messages in, tagged replies out.
 
@@ -145,6 +151,7 @@ class LanguageEnv:
         format_reward: float = 0.5,
         text_only: bool = False,
         format_penalty: float = 0.0,
+        cell_separator: str = "",
     ):
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"prompt_format must be one of {sorted(PROMPT_FORMATS)}, got {prompt_format!r}")
@@ -160,6 +167,7 @@ class LanguageEnv:
         self.format_reward = format_reward
         self.format_penalty = format_penalty
         self.text_only = text_only
+        self.cell_separator = cell_separator
         self.action_names: tuple[str, ...] = tuple(env.unwrapped.action_names)
         self.system_prompt = SYSTEM_PROMPT
         self._last_obs: dict[str, Any] = {}
@@ -246,7 +254,7 @@ class LanguageEnv:
         return Observation("\n".join(lines), self._images(self._last_obs), self._last_obs["text"])
 
     def _placeholder(self, obs: dict[str, Any]) -> str:
-        return obs["text"] if self.text_only else IMAGE_PLACEHOLDER
+        return separate_cells(obs["text"], self.cell_separator) if self.text_only else IMAGE_PLACEHOLDER
 
     def _images(self, obs: dict[str, Any]) -> list[np.ndarray]:
         return [] if self.text_only else [obs["image"]]

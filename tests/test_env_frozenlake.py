@@ -100,3 +100,32 @@ def test_flat_tile_style_paints_each_cell_one_colour_and_says_so_in_the_legend()
     assert "red cell is you" in env.image_legend and "orange figure" in make().image_legend
     with pytest.raises(ValueError, match="tile style"):
         make(tile_style="pastel")
+
+
+def test_progress_reward_pays_manhattan_progress_and_telescopes():
+    """c * (d(s) - d(s')), d = Manhattan distance to G; hand-computed on a fixed map with hole -1."""
+    env = VisualFrozenLakeEnv(progress_reward=0.5, reward_schedule=(10.0, -1.0, 0.0), max_steps=20)
+    env.reset(options={"map": ["SFFF", "FHFH", "FFFH", "HFFG"]})
+    up, down, left, right = range(4)
+    rewards = []
+    for action in (right, left, up, down, down, right, right, down, right):
+        _, reward, terminated, _, _ = env.step(action)
+        rewards.append(reward)
+    # right +0.5, left -0.5, up into the edge 0, down +0.5, down +0.5, right (2,1) +0.5, right (2,2) +0.5,
+    # down (3,2) +0.5, right onto G: +0.5 + 10
+    assert rewards == [0.5, -0.5, 0.0, 0.5, 0.5, 0.5, 0.5, 0.5, 10.5]
+    assert terminated
+    # the shaping sums to c * d(start): walking back and forth earns nothing
+    assert sum(rewards) - 10.0 == pytest.approx(0.5 * 6)
+    env.reset(options={"map": ["SFFF", "FHFH", "FFFH", "HFFG"]})
+    _, reward, terminated, _, _ = env.step(down)
+    _, reward, terminated, _, _ = env.step(right)  # into the hole at (1, 1): progress +0.5, hole -1
+    assert (reward, terminated) == (-0.5, True)
+
+
+def test_timeout_reward_is_paid_on_the_truncating_step_only():
+    env = VisualFrozenLakeEnv(reward_schedule=(10.0, -1.0, 0.0), timeout_reward=-1.0, max_steps=3)
+    env.reset(options={"map": ["SFFF", "FHFH", "FFFH", "HFFG"]})
+    up = 0
+    steps = [env.step(up)[1:4] for _ in range(3)]  # bump into the top edge three times
+    assert steps == [(0.0, False, False), (0.0, False, False), (-1.0, False, True)]

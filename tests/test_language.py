@@ -140,6 +140,17 @@ def test_text_mode_replaces_the_image_by_the_grid():
     assert "######\n# @  #\n#  $.#" in obs.text and obs.images == []
 
 
+def test_cell_separator_spaces_the_shown_grid_not_the_state_key():
+    lang = LanguageEnv(
+        gymnasium.make("envs_visual/FrozenLake-v0"), "no_think", 1, text_only=True, cell_separator=" "
+    )
+    obs, _ = lang.reset(options={"map": ["SFFF", "FHFH", "FFFH", "HFFG"]})
+    assert "P F F F\nF H F H\nF F F H\nH F F G" in obs.text
+    assert obs.state == "PFFF\nFHFH\nFFFH\nHFFG"
+    obs, *_ = lang.step("<answer>Right</answer>")
+    assert "S P F F\nF H F H" in obs.text and obs.state.startswith("SPFF\n")
+
+
 def test_observation_state_is_the_grid_whatever_the_path_and_the_mode():
     """Observation.state keys the env state: back at the start after Down, Up it equals the first
     observation's, whose message text differs; and it is the same with or without images."""

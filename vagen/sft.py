@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from envs_visual.facts import RELATIONS, facts_to_sentence
-from envs_visual.language import PROMPT_FORMATS, LanguageEnv
+from envs_visual.language import PROMPT_FORMATS, LanguageEnv, separate_cells
 from vagen.models.loading import load_policy
 from vagen.models.scoring import token_logprobs
 from vagen.models.tiny import cache_root, resolve_model_path
@@ -171,7 +171,7 @@ def describe_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[
 def cell_grid(game) -> str:
     """The env's text grid with the cells of a row separated by spaces (`P F F F`): no token of the
     shipped tokenizer spans two cells, whose merges ("FFFH") would otherwise hide the columns."""
-    return "\n".join(" ".join(row) for row in game.text_grid().split("\n"))
+    return separate_cells(game.text_grid(), " ")
 
 
 def grid_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:

@@ -64,7 +64,12 @@ class VisualFrozenLakeEnv(gymnasium.Env):
     """FrozenLake with actions ("Up", "Down", "Left", "Right") and {"image", "text"} observations.
 
     Terminates in a hole or on the goal (gymnasium's rules and rewards, `reward_schedule`
-    = (goal, hole, frozen)); truncates after `max_steps` steps.
+    = (goal, hole, frozen)); truncates after `max_steps` steps. `progress_reward` c > 0 adds the
+    shaping c * (d(s) - d(s')) per step, d = Manhattan distance from the player to the goal: a
+    difference of potentials whose sum over an episode is c * (d(start) - d(end)), so it cannot be
+    farmed by walking back and forth (a fall keeps the progress made; it reads the goal, not the holes).
+    `timeout_reward` is added on the step that truncates the episode: set equal to the hole's reward,
+    a run out of time fails like a fall, so a hole penalty no longer pays the agent to stall.
     info: success, optimal_steps (BFS on the non-slippery map), action_is_effective.
     Images: `cell_size` pixels per cell, `tile_style` "sprites" (the PNGs in envs_visual/assets) or
     "flat" (one solid colour per cell; envs_visual.render.FLAT_COLOURS).
@@ -82,6 +87,8 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         is_slippery: bool = False,
         success_rate: float = 1.0 / 3.0,
         reward_schedule: tuple[float, float, float] = (1.0, 0.0, 0.0),
+        progress_reward: float = 0.0,
+        timeout_reward: float = 0.0,
         max_steps: int = 100,
         cell_size: int = 28,
         tile_style: str = "sprites",
@@ -93,6 +100,8 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         )
         self.instruction = INSTRUCTION + (SLIPPERY_NOTE if is_slippery else "")
         self.max_steps = max_steps
+        self.progress_reward = progress_reward
+        self.timeout_reward = timeout_reward
         self.render_mode = render_mode
         self.renderer = TileRenderer(TILE_NAMES, cell_size, tile_style)
         self.image_legend = IMAGE_LEGENDS[tile_style]
@@ -128,6 +137,7 @@ class VisualFrozenLakeEnv(gymnasium.Env):
             self.layout_key = "\n".join(desc)
             self.optimal_steps = shortest_path_length(desc)
             self._static_codes = np.array([[LETTER_CODES[ch] for ch in row] for row in desc])
+            self._goals = [(r, c) for r, line in enumerate(desc) for c, ch in enumerate(line) if ch == "G"]
         self.lake.reset(seed=int(options.get("dynamics_seed", dynamics_seed)))
         self.num_steps = 0
         return self._observation(), self._info(action_is_effective=False)
@@ -136,14 +146,24 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         if not self.action_space.contains(action):
             raise ValueError(f"action must be an int in [0, 4), got {action!r}")
         before = self.lake.s
+        distance_before = self.goal_distance
         _, reward, terminated, _, _ = self.lake.step(GYM_ACTIONS[int(action)])
+        reward += self.progress_reward * (distance_before - self.goal_distance)
         self.num_steps += 1
         truncated = not terminated and self.num_steps >= self.max_steps
+        if truncated:
+            reward += self.timeout_reward
         return self._observation(), float(reward), terminated, truncated, self._info(self.lake.s != before)
 
     @property
     def player(self) -> tuple[int, int]:
         return divmod(int(self.lake.s), self.size)
+
+    @property
+    def goal_distance(self) -> int:
+        """Manhattan distance from the player to the nearest goal cell (holes ignored)."""
+        row, col = self.player
+        return min(abs(row - r) + abs(col - c) for r, c in self._goals)
 
     def render(self) -> np.ndarray:
         codes = self._static_codes.copy()

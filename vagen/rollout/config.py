@@ -28,6 +28,10 @@ class EnvConfig:
         default=0.0, metadata={"help": "reward (<= 0) for a malformed reply; RAGEN uses -0.1"}
     )
     text_only: bool = field(default=False, metadata={"help": "text observations (grid as text), no images"})
+    cell_separator: str = field(
+        default="",
+        metadata={"help": "text_only: written between a row's cells (' ' keeps one BPE token per cell)"},
+    )
     grounding_reward_weight: float = field(
         default=0.0, metadata={"help": "weight of the F1 of <observation> against the true state"}
     )

@@ -35,6 +35,7 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
         format_reward=cfg.format_reward,
         format_penalty=cfg.format_penalty,
         text_only=cfg.text_only,
+        cell_separator=cfg.cell_separator,
     )
 
 

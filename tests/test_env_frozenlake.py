@@ -118,7 +118,7 @@ def test_progress_reward_pays_manhattan_progress_and_telescopes():
     # the shaping sums to c * d(start): walking back and forth earns nothing
     assert sum(rewards) - 10.0 == pytest.approx(0.5 * 6)
     env.reset(options={"map": ["SFFF", "FHFH", "FFFH", "HFFG"]})
-    _, reward, terminated, _, _ = env.step(down)
+    env.step(down)
     _, reward, terminated, _, _ = env.step(right)  # into the hole at (1, 1): progress +0.5, hole -1
     assert (reward, terminated) == (-0.5, True)
 

@@ -30,7 +30,10 @@ class EnvConfig:
     text_only: bool = field(default=False, metadata={"help": "text observations (grid as text), no images"})
     cell_separator: str = field(
         default="",
-        metadata={"help": "text_only: written between a row's cells (' ' keeps one BPE token per cell)"},
+        metadata={
+            "help": "text_only: written between a row's cells (' ' keeps one BPE token per cell; "
+            "Sokoban's floor is ' ', so use e.g. '|' there)"
+        },
     )
     grounding_reward_weight: float = field(
         default=0.0, metadata={"help": "weight of the F1 of <observation> against the true state"}

@@ -129,3 +129,23 @@ def test_timeout_reward_is_paid_on_the_truncating_step_only():
     up = 0
     steps = [env.step(up)[1:4] for _ in range(3)]  # bump into the top edge three times
     assert steps == [(0.0, False, False), (0.0, False, False), (-1.0, False, True)]
+
+
+def test_random_start_draws_reachable_cells_shared_by_a_seed():
+    env = make(size=4)
+    starts = {}
+    for seed in range(60):
+        env.reset(seed=seed)
+        start_cell = env.player
+        _, info = env.reset(seed=seed, options={"random_start": 1.0, "dynamics_seed": 7})
+        reachable = {cell for cell, distance in env._distances.items() if distance > 0}
+        assert env.player in reachable and info["optimal_steps"] == env._distances[env.player]
+        starts[seed] = (start_cell, env.player)
+        env.reset(seed=seed, options={"random_start": 1.0, "dynamics_seed": 8})  # another group member
+        assert env.player == starts[seed][1]
+    moved = sum(start != player for start, player in starts.values())
+    assert 30 < moved < 60  # most starts move; the start cell itself stays a possible draw
+    assert all(make(size=4).reset(seed=s)[0]["text"].startswith("P") for s in range(5))  # default: S
+    cut_off = make(size=2)
+    cut_off.reset(options={"map": ["SH", "HG"], "random_start": 1.0})  # no cell reaches the goal: keep S
+    assert cut_off.player == (0, 0)

@@ -190,6 +190,17 @@ def test_evaluate_plays_the_fixed_validation_levels(processor):
     assert again == summary
 
 
+def test_random_start_reaches_training_episodes_only(processor):
+    m = manager(processor, [GOOD], num_groups=8, group_size=2, max_turns=1, random_start=1.0)
+    starts = [ep.turns[0].state for ep in m.train_batch().episodes]
+    assert all(starts[i] == starts[i + 1] for i in range(0, 16, 2))  # a group shares its start
+    assert any("S" in state for state in starts)  # the player stands elsewhere: S shows
+    _, validation = evaluate(m, num_levels=8, group_size=1)
+    assert all("S" not in ep.turns[0].state for ep in validation)  # validation starts on S
+    with pytest.raises(ValueError, match="random_start"):
+        manager(processor, [GOOD], env_id="envs_visual/Sokoban-v0", random_start=0.5)
+
+
 def test_sampled_image_tokens_are_cut_so_contexts_stay_valid(processor):
     # An untrained model can sample <|image_pad|>; fed back, it would pair with no image.
     replies = ["<think>a<|image_pad|>b</think><answer>Up</answer>", "<|vision_start|>x"]

@@ -174,13 +174,17 @@ def test_cache_key_changes_with_every_input(tiny_vlm_path):
         warm_start_dir("tiny-text", ENV, ROLLOUT, base),
     ]
     assert len({key, *changed}) == 6
-    # reward weights, the RL engine / batch shape and the RL seed (the levels follow sft.seed)
-    # change neither the conversations nor the training
+    # reward weights, the RL engine / batch shape, the RL seed (the levels follow sft.seed) and exploring
+    # starts (the teacher starts on the level's start) change neither the conversations nor the training
     reward_only = dataclasses.replace(
         ENV, format_reward=0.0, format_penalty=-1.0, grounding_reward_weight=2.0
     )
     engine_only = dataclasses.replace(
-        ROLLOUT, engine="hf" if ROLLOUT.engine == "vllm" else "vllm", num_groups=3, seed=ROLLOUT.seed + 1
+        ROLLOUT,
+        engine="hf" if ROLLOUT.engine == "vllm" else "vllm",
+        num_groups=3,
+        seed=ROLLOUT.seed + 1,
+        random_start=1.0,
     )
     assert warm_start_dir(str(tiny_vlm_path), reward_only, engine_only, base) == key
 

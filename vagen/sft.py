@@ -393,7 +393,8 @@ NOT_IN_CACHE_KEY = {
         "template_penalty",
         "template_score_threshold",
     },
-    "rollout": {"engine", "num_groups", "group_size", "seed"},  # levels follow sft.seed (run_sft)
+    # levels follow sft.seed (run_sft); teacher episodes start on the level's start (no random_start)
+    "rollout": {"engine", "num_groups", "group_size", "seed", "random_start"},
     "sft": {"cache_dir"},
 }
 

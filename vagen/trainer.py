@@ -200,7 +200,7 @@ def rollout_share(manager: RolloutManager, cfg: RunConfig, rank: int, world: int
     """Every rank draws the same next G training levels and plays its own slice of the groups."""
     seeds = manager.seeds.next_train(cfg.rollout.num_groups, cfg.rollout.group_size)
     per_rank = len(seeds) // world
-    return manager.collect(seeds[rank * per_rank : (rank + 1) * per_rank])
+    return manager.collect(seeds[rank * per_rank : (rank + 1) * per_rank], training=True)
 
 
 @dataclass

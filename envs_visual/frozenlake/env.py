@@ -70,12 +70,14 @@ class VisualFrozenLakeEnv(gymnasium.Env):
     farmed by walking back and forth (a fall keeps the progress made; it reads the goal, not the holes).
     `timeout_reward` is added on the step that truncates the episode: set equal to the hole's reward,
     a run out of time fails like a fall, so a hole penalty no longer pays the agent to stall.
-    info: success, optimal_steps (BFS on the non-slippery map), action_is_effective.
+    info: success, optimal_steps (BFS on the non-slippery map, from the episode's start),
+    action_is_effective.
     Images: `cell_size` pixels per cell, `tile_style` "sprites" (the PNGs in envs_visual/assets) or
     "flat" (one solid colour per cell; envs_visual.render.FLAT_COLOURS).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
+    supports_random_start = True
     action_names = ACTION_NAMES
     text_legend = TEXT_LEGEND
     example_facts = (("goal", "below"), ("goal", "right"), ("hole", "left"))
@@ -119,10 +121,14 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         self.num_steps = 0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """options: {"dynamics_seed": int} seeds the slips; {"map": list[str]} plays a given map."""
+        """options: {"dynamics_seed": int} seeds the slips; {"map": list[str]} plays a given map;
+        {"random_start": q} starts, with probability q, on a cell drawn uniformly from those that can
+        reach the goal (the start cell included): exploring starts for training. Both draws come from
+        the reset seed, so the members of a group share the start as they share the map."""
         super().reset(seed=seed)
         options = options or {}
         level_seed, dynamics_seed = (int(x) for x in self.np_random.integers(0, 2**31, size=2))
+        start_draw, start_pick = self.np_random.random(), self.np_random.random()
         desc = (
             list(options["map"]) if "map" in options else generate_random_map(self.size, self.p, level_seed)
         )
@@ -135,10 +141,16 @@ class VisualFrozenLakeEnv(gymnasium.Env):
             self.lake = FrozenLakeEnv(desc=desc, **self.lake_options)
             self.desc = desc
             self.layout_key = "\n".join(desc)
-            self.optimal_steps = shortest_path_length(desc)
+            self._distances = goal_distances(desc)
             self._static_codes = np.array([[LETTER_CODES[ch] for ch in row] for row in desc])
             self._goals = [(r, c) for r, line in enumerate(desc) for c, ch in enumerate(line) if ch == "G"]
         self.lake.reset(seed=int(options.get("dynamics_seed", dynamics_seed)))
+        if start_draw < float(options.get("random_start", 0.0)):
+            cells = sorted(cell for cell, distance in self._distances.items() if distance > 0)
+            if cells:  # a given map may cut the goal off from every cell
+                row, col = cells[int(start_pick * len(cells))]
+                self.lake.s = row * self.size + col
+        self.optimal_steps = self._distances.get(self.player)
         self.num_steps = 0
         return self._observation(), self._info(action_is_effective=False)
 

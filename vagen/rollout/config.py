@@ -71,6 +71,13 @@ class RolloutConfig:
         default=4096,
         metadata={"help": "an episode ends before a turn whose prompt + reply could exceed this"},
     )
+    random_start: float = field(
+        default=0.0,
+        metadata={
+            "help": "exploring starts: share of training levels whose episodes start on a random cell "
+            "that can reach the goal (FrozenLake); validation always starts on the level's start"
+        },
+    )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold (1 = off)"})
     top_k: int = field(default=0, metadata={"help": "top-k sampling (0 = off)"})
@@ -124,6 +131,8 @@ class RolloutConfig:
                 )
         if self.window is not None and self.window < 0:
             raise ValueError(f"rollout.window must be None or >= 0, got {self.window}")
+        if not 0.0 <= self.random_start <= 1.0:
+            raise ValueError(f"rollout.random_start must lie in [0, 1], got {self.random_start}")
         if self.train_seed_start >= self.val_seed_start:
             raise ValueError(
                 "rollout.train_seed_start must be below rollout.val_seed_start (disjoint ranges)"

@@ -101,11 +101,18 @@ class RolloutManager:
         self.codec = ChatCodec(processor_or_tokenizer, read_chat_template(cfg.chat_template))
         self.seeds = seed_schedule(env_cfg, cfg)
         self.envs: list[LanguageEnv] = []
+        game = gym.make(env_cfg.env_id, **env_cfg.env_kwargs).unwrapped if cfg.random_start > 0 else None
+        if game is not None and not getattr(game, "supports_random_start", False):
+            raise ValueError(
+                f"rollout.random_start={cfg.random_start} needs an env with random starts; "
+                f"{env_cfg.env_id} has none (FrozenLake has)"
+            )
         self.timings: dict[str, float] = {}
 
     def train_batch(self) -> RolloutBatch:
-        """G groups x n members on the next G training levels."""
-        return self.collect(self.seeds.next_train(self.cfg.num_groups, self.cfg.group_size))
+        """G groups x n members on the next G training levels (exploring starts if `random_start`)."""
+        seeds = self.seeds.next_train(self.cfg.num_groups, self.cfg.group_size)
+        return self.collect(seeds, training=True)
 
     def validation_batch(
         self, num_groups: int, group_size: int, temperature: float | None = None
@@ -127,8 +134,15 @@ class RolloutManager:
             seed=derive_seed(self.cfg.seed, episode_seeds[0].level, len(episode_seeds), turn),
         )
 
-    def collect(self, episode_seeds: list[EpisodeSeeds], temperature: float | None = None) -> RolloutBatch:
-        """Play one episode per entry of `episode_seeds` to its end; returns their rows."""
+    def collect(
+        self,
+        episode_seeds: list[EpisodeSeeds],
+        temperature: float | None = None,
+        training: bool = False,
+    ) -> RolloutBatch:
+        """Play one episode per entry of `episode_seeds` to its end; returns their rows.
+        Training episodes take exploring starts (`random_start`); others start on the level's start."""
+        reset_options = {"random_start": self.cfg.random_start} if training else {}
         timings: dict[str, float] = defaultdict(float)
         while len(self.envs) < len(episode_seeds):
             self.envs.append(make_language_env(self.env_cfg))
@@ -140,7 +154,8 @@ class RolloutManager:
             episode = _Episode(seeds, env, assembler)
             start = time.perf_counter()
             env.max_actions_per_turn = self.env_cfg.max_actions_per_turn
-            episode.observation, _ = env.reset(seed=seeds.level, options={"dynamics_seed": seeds.dynamics})
+            options = {**reset_options, "dynamics_seed": seeds.dynamics}
+            episode.observation, _ = env.reset(seed=seeds.level, options=options)
             timings["env"] += time.perf_counter() - start
             episodes.append(episode)
         for turn in range(self.cfg.max_turns):

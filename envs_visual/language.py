@@ -141,6 +141,10 @@ class LanguageEnv:
     Reward per turn = sum of the env rewards of the executed actions + `format_reward` if format_ok,
     + `format_penalty` (zero or negative; RAGEN uses -0.1) if not.
     The episode ends when the env terminates or truncates.
+
+    The task instructions (rules, legend, actions, reply format, an example) open the first message, or,
+    with `instructions_in_system`, close the system prompt: every message is then just an observation,
+    and a context that drops earlier turns (rollout.window) still holds the whole task.
     """
 
     def __init__(
@@ -152,6 +156,7 @@ class LanguageEnv:
         text_only: bool = False,
         format_penalty: float = 0.0,
         cell_separator: str = "",
+        instructions_in_system: bool = False,
     ):
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"prompt_format must be one of {sorted(PROMPT_FORMATS)}, got {prompt_format!r}")
@@ -169,13 +174,22 @@ class LanguageEnv:
         self.text_only = text_only
         self.cell_separator = cell_separator
         self.action_names: tuple[str, ...] = tuple(env.unwrapped.action_names)
-        self.system_prompt = SYSTEM_PROMPT
+        self.instructions_in_system = instructions_in_system
+        self.system_prompt = (
+            f"{SYSTEM_PROMPT}\n\n{self.instructions()}" if instructions_in_system else SYSTEM_PROMPT
+        )
         self._last_obs: dict[str, Any] = {}
         self._last_info: dict[str, Any] = {}
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
         obs, info = self.env.reset(seed=seed, options=options)
         self._last_obs, self._last_info = obs, info
+        lines = [] if self.instructions_in_system else [self.instructions()]
+        lines.append(f"Current observation:\n{self._placeholder(obs)}")
+        return Observation("\n".join(lines), self._images(obs), obs["text"]), info
+
+    def instructions(self) -> str:
+        """The task: the game's rules and legend, the actions, the reply format and an example."""
         game = self.env.unwrapped
         legend = game.text_legend if self.text_only else game.image_legend
         lines = [
@@ -184,9 +198,8 @@ class LanguageEnv:
             f"Actions: {', '.join(self.action_names)}. {self._actions_per_turn_rule()}",
             PROMPT_FORMATS[self.prompt_format].instruction,
             f"Example reply:\n{self.example_reply()}",
-            f"Current observation:\n{self._placeholder(obs)}",
         ]
-        return Observation("\n".join(lines), self._images(obs), obs["text"]), info
+        return "\n".join(lines)
 
     def step(self, reply: str):
         game = self.env.unwrapped

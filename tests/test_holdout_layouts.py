@@ -1,31 +1,42 @@
-"""Held-out validation layouts: validation maps are pairwise distinct and never appear in training."""
+"""Held-out validation layouts: split by a hash of the layout, so validation maps never appear in
+training and both sides keep the generator's distribution of maps."""
 
+import numpy as np
 import pytest
 
-from vagen.rollout.config import EnvConfig
+from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.manager import layout_probe
-from vagen.rollout.seeds import SeedSchedule
+from vagen.rollout.seeds import SeedSchedule, is_held_out
 
 FROZEN_LAKE = EnvConfig(env_id="envs_visual/FrozenLake-v0", env_kwargs={"size": 4})
 
 
-def schedule(num_val_layouts=64):
-    return SeedSchedule(0, 0, 10**6, layout_of=layout_probe(FROZEN_LAKE), num_val_layouts=num_val_layouts)
+def schedule(share=0.2):
+    return SeedSchedule(0, 0, 10**6, layout_of=layout_probe(FROZEN_LAKE), val_layout_share=share)
 
 
 def test_no_training_level_shows_a_validation_layout():
     seeds, layout_of = schedule(), layout_probe(FROZEN_LAKE)
     val_levels = [s.level for s in seeds.validation(64, 1)]
     val_layouts = {layout_of(level) for level in val_levels}
-    assert len(val_layouts) == 64 and val_levels[0] == 10**6  # distinct layouts, from the val range
+    assert min(val_levels) >= 10**6 and all(is_held_out(layout, 0.2) for layout in val_layouts)
     train_levels = [s.level for _ in range(25) for s in seeds.next_train(8, 2)[::2]]
     assert len(set(train_levels)) == 200 and max(train_levels) < 10**6
     assert not {layout_of(level) for level in train_levels} & val_layouts
-    # 4x4 maps repeat a lot: the 64 held-out maps are common ones, so training skipped many seeds
-    assert max(train_levels) >= len(train_levels) + 50
     assert [s.level for s in seeds.validation(3, 2)[::2]] == val_levels[:3]  # fixed every call
-    with pytest.raises(ValueError, match="num_val_layouts"):
-        seeds.validation(65, 1)
+    assert [s.level for s in seeds.validation(80, 1)][:64] == val_levels  # asking for more extends it
+
+
+def test_both_sides_keep_the_generators_distribution_of_maps():
+    # Holding out the first layouts met would hold out the most frequent maps (few holes), which
+    # training would then never see: the hash split keeps the mean number of holes on both sides.
+    seeds, layout_of = schedule(), layout_probe(FROZEN_LAKE)
+    train = [layout_of(s.level).count("H") for s in seeds.next_train(600, 1)]
+    val = [layout_of(s.level).count("H") for s in seeds.validation(300, 1)]
+    assert abs(np.mean(train) - np.mean(val)) < 0.25
+    assert min(train) <= 1 and min(val) <= 1  # maps with at most one hole on both sides
+    share = np.mean([is_held_out(f"layout {i}", 0.2) for i in range(5000)])
+    assert 0.18 < share < 0.22
 
 
 def test_training_stream_is_deterministic_and_resumable():
@@ -42,3 +53,10 @@ def test_without_layouts_seeds_are_the_plain_ranges():
     seeds = SeedSchedule(0, 0, 100)
     assert [s.level for s in seeds.next_train(3, 1)] == [0, 1, 2]
     assert [s.level for s in seeds.validation(2, 1)] == [100, 101]
+
+
+def test_share_outside_the_open_interval_is_refused():
+    with pytest.raises(ValueError, match="val_layout_share must lie in"):
+        schedule(share=1.0)
+    with pytest.raises(ValueError, match="rollout.val_layout_share must lie in"):
+        RolloutConfig(val_layout_share=0.0)

@@ -129,6 +129,17 @@ def test_first_message_and_example_for_every_format(prompt_format):
     assert parse(lang.example_reply(), prompt_format).format_ok
 
 
+def test_instructions_in_system_leave_every_message_an_observation():
+    first = sokoban("free_think")
+    obs, _ = first.reset(seed=0, options={"level": LEVEL})
+    lang = sokoban("free_think", instructions_in_system=True)
+    moved, _ = lang.reset(seed=0, options={"level": LEVEL})
+    assert lang.system_prompt == f"{first.system_prompt}\n\n{first.instructions()}"
+    assert moved.text == f"Current observation:\n{IMAGE_PLACEHOLDER}"
+    assert obs.text == f"{first.instructions()}\n{moved.text}"
+    assert np.array_equal(obs.images[0], moved.images[0])
+
+
 def test_text_mode_replaces_the_image_by_the_grid():
     lang = sokoban("no_think", text_only=True)
     obs, _ = lang.reset(options={"level": LEVEL})

@@ -51,7 +51,7 @@ def test_pretrain_perception_writes_a_loadable_model(tiny_vlm_path, tmp_path):
     with pytest.raises(ValueError, match="text_only"):
         pretrain_perception(str(tiny_vlm_path), text_only, RolloutConfig(), cfg, str(tmp_path / "no"))
     report = pretrain_perception(
-        str(tiny_vlm_path), ENV, RolloutConfig(num_val_layouts=2), cfg, str(tmp_path / "seeing"), log=print
+        str(tiny_vlm_path), ENV, RolloutConfig(), cfg, str(tmp_path / "seeing"), log=print
     )
     assert set(report["after"]) == {"token_accuracy", "grid_exact"}
     model, _ = load_policy(tmp_path / "seeing")
@@ -76,7 +76,7 @@ def test_perception_cache_key_follows_images_and_levels_not_rewards(tiny_vlm_pat
     sprites = dataclasses.replace(ENV, env_kwargs={"size": 4})
     changed = [
         perception_dir(str(tiny_vlm_path), sprites, rollout, cfg),
-        perception_dir(str(tiny_vlm_path), ENV, RolloutConfig(num_val_layouts=7), cfg),
+        perception_dir(str(tiny_vlm_path), ENV, RolloutConfig(val_layout_share=0.3), cfg),
         perception_dir(str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, steps=10)),
     ]
     assert len({key, *changed}) == 4
@@ -92,7 +92,6 @@ def test_warm_start_builds_on_the_perception_model_when_enabled(tiny_vlm_path, t
         "env.env_kwargs.tile_style=flat",
         "rollout.max_turns=1",
         "rollout.max_new_tokens=4",
-        "rollout.num_val_layouts=2",
         "perception.samples=4",
         "perception.steps=1",
         "perception.batch_size=4",

@@ -47,9 +47,9 @@ def encode(codec: ChatCodec, text: str) -> list[int]:
     return codec.tokenizer.encode(text, add_special_tokens=False)
 
 
-def play(codec, replies, window=None, stopped=None, spans=("all", "all")):
+def play(codec, replies, window=None, stopped=None, spans=("all", "all"), pin_first_turn=True):
     """Play len(replies) turns with one image each; returns (assembler, prompts, sampled positions)."""
-    assembler = EpisodeAssembler(codec, "Push the box.", window=window, text_only=False)
+    assembler = EpisodeAssembler(codec, "Push the box.", window, False, pin_first_turn)
     prompts = []
     for t, reply_ids in enumerate(replies):
         pending = assembler.prepare(f"Turn {t}: <image> What next?", [image(10 * t)])
@@ -179,6 +179,21 @@ def test_window_starts_a_new_row_whose_context_is_the_rollout_context(codec):
     assert batch.turn_end.sum() == 4 and assembler.num_new_segments_by_template == 0
     text = codec.decode(rows[1].tolist())
     assert "Turn 0" in text and "Turn 1" not in text and "Turn 2" in text and "Turn 3" in text
+
+
+def test_window_0_without_a_pinned_first_turn_holds_only_the_current_observation(codec):
+    replies = [reply_ids(codec, f"step {t}", "Up") for t in range(3)]
+    assembler, prompts = play(codec, replies, window=0, pin_first_turn=False)
+    assert len(assembler.segments) == 3  # one row per turn
+    batch = build_batch([assembler.segments], [EpisodeRecord(0, 0, 0, 0)], codec.pad_token_id)
+    assert batch.images_per_row.tolist() == [1, 1, 1] and len(batch.vision) == 3
+    for t, prompt in enumerate(prompts):
+        text = codec.decode(prompt)
+        assert "Push the box." in text and [f"Turn {u}" in text for u in range(3)] == [
+            u == t for u in range(3)
+        ]
+        assert torch.equal(batch.input_ids[t][: len(prompt)], torch.tensor(prompt))
+    assert batch.token_turn[2][batch.loss_mask[2]].unique().tolist() == [2]
 
 
 def test_history_rewriting_template_falls_back_to_new_rows(processor):

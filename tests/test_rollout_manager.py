@@ -180,7 +180,8 @@ def test_text_only_sokoban_end_to_end_is_reproducible(tiny_text):
 def test_evaluate_plays_the_fixed_validation_levels(processor):
     m = manager(processor, [GOOD, "oops"], max_turns=2, val_seed_start=1000)
     summary, episodes = evaluate(m, num_levels=2, group_size=3)
-    assert sorted({ep.level_seed for ep in episodes}) == [1000, 1001] and summary.k == 3
+    val_levels = [s.level for s in m.seeds.validation(2, 1)]  # the first held-out seeds from 1000
+    assert sorted({ep.level_seed for ep in episodes}) == val_levels == [1002, 1006] and summary.k == 3
     assert (
         summary.num_episodes == 6
         and 0 <= summary.success_ci_low <= summary.success_rate <= summary.success_ci_high
@@ -214,18 +215,30 @@ def test_sampled_image_tokens_are_cut_so_contexts_stay_valid(processor):
 
 
 @pytest.mark.parametrize(
-    ("env_id", "window"), [("envs_visual/FrozenLake-v0", None), ("envs_visual/Sokoban-v0", 0)]
+    ("env_id", "window", "instructions_in_system"),
+    [
+        ("envs_visual/FrozenLake-v0", None, False),
+        ("envs_visual/Sokoban-v0", 0, False),
+        ("envs_visual/Sokoban-v0", 0, True),
+    ],
 )
-def test_tiny_vlm_rollout_scores_back_to_the_sampled_logprobs(tiny_vlm_path, env_id, window):
+def test_tiny_vlm_rollout_scores_back_to_the_sampled_logprobs(
+    tiny_vlm_path, env_id, window, instructions_in_system
+):
     # The row the update scores is the context the engine sampled from, so the model's log-probs of
     # the sampled tokens on the batch rows equal the engine's (up to batching noise), once the engine's
     # renormalisation over the non-banned tokens (image tokens are never sampled) is taken into account.
     model, processor = load_policy(tiny_vlm_path)
-    env_cfg = EnvConfig(env_id=env_id, prompt_format="free_think")
+    env_cfg = EnvConfig(
+        env_id=env_id, prompt_format="free_think", instructions_in_system=instructions_in_system
+    )
     cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=3, max_new_tokens=8, window=window, seed=1)
     manager = RolloutManager(env_cfg, cfg, HFEngine(model, processor), processor)
     batch = manager.train_batch()
     assert batch.vision is not None and (len(batch) == 4) == (window is None)  # window 0: turn 3 = new row
+    if instructions_in_system:  # nothing pinned: one row and one image per turn
+        num_turns = sum(len(ep.turns) for ep in batch.episodes)
+        assert len(batch) == num_turns == len(batch.vision) and num_turns > 4
     assert batch.loss_mask.sum() == sum(t.num_tokens for ep in batch.episodes for t in ep.turns)
     assert batch.turn_end.sum() == sum(len(ep.turns) for ep in batch.episodes)
     with torch.no_grad():

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 from transformers import AutoTokenizer
 
@@ -32,7 +33,7 @@ from vagen.sft import (
 ENV = EnvConfig(
     env_id="envs_visual/FrozenLake-v0", env_kwargs={"size": 4, "max_steps": 10}, max_actions_per_turn=2
 )
-ROLLOUT = RolloutConfig(max_turns=2, max_actions_per_episode=4, max_new_tokens=24, num_val_layouts=8)
+ROLLOUT = RolloutConfig(max_turns=2, max_actions_per_episode=4, max_new_tokens=24)
 
 
 def language_env(prompt_format):
@@ -150,7 +151,7 @@ def test_sft_data_masks_only_the_replies_and_training_lowers_the_masked_loss(tin
 
 def test_run_sft_writes_a_loadable_model_and_caches_it(tiny_vlm_path, tmp_path):
     cfg = SFTConfig(episodes=2, steps=1, batch_size=2, eval_levels=1, cache_dir=str(tmp_path))
-    rollout = RolloutConfig(max_turns=1, max_new_tokens=4, num_val_layouts=1)
+    rollout = RolloutConfig(max_turns=1, max_new_tokens=4)
     messages = []
     result = run_sft(str(tiny_vlm_path), ENV, rollout, cfg, log=messages.append)
     assert result.model_dir == warm_start_dir(str(tiny_vlm_path), ENV, rollout, cfg)
@@ -187,6 +188,20 @@ def test_cache_key_changes_with_every_input(tiny_vlm_path):
         random_start=1.0,
     )
     assert warm_start_dir(str(tiny_vlm_path), reward_only, engine_only, base) == key
+    assert warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig(random_start=0.5)) != key
+
+
+def test_teacher_exploring_starts_leave_the_start_cell_and_stay_solved():
+    seeds = SeedSchedule(0, 0, 10**6).next_train(32, 1)
+    plain, _ = play_teacher_episodes(ENV, ROLLOUT, None, seeds, "solver", seed=0)
+    explored, _ = play_teacher_episodes(ENV, ROLLOUT, None, seeds, "solver", seed=0, random_start=1.0)
+    assert sum(r.num_actions for r in explored) < sum(r.num_actions for r in plain)  # nearer the goal
+    assert all(r.success for r in explored if r.num_actions < ROLLOUT.max_actions_per_episode)
+    with pytest.raises(ValueError, match="sft.random_start must lie in"):
+        SFTConfig(random_start=-0.1)
+    sokoban = EnvConfig(env_id="envs_visual/Sokoban-v0")
+    with pytest.raises(ValueError, match="sft.random_start=0.5 needs an env with random starts"):
+        run_sft("tiny-vlm", sokoban, ROLLOUT, SFTConfig(random_start=0.5))
 
 
 def test_references_random_solver_and_value_iteration_optimum():
@@ -208,7 +223,7 @@ def test_warm_start_model_follows_the_run_config(tmp_path):
         "sft.eval_levels=1",
         f"sft.cache_dir={tmp_path}",
     ]
-    tiny += ["rollout.max_turns=1", "rollout.max_new_tokens=4", "rollout.num_val_layouts=1"]
+    tiny += ["rollout.max_turns=1", "rollout.max_new_tokens=4"]
     assert warm_start_model(load_config(None, tiny)) == "tiny-vlm"  # model.warm_start=none
     path = warm_start_model(load_config(None, [*tiny, "model.warm_start=solver"]), log=lambda _: None)
     assert path.startswith(str(tmp_path / "solver-")) and (tmp_path / path / "config.json").is_file()

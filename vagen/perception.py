@@ -139,7 +139,7 @@ def pretrain_perception(
     system_prompt = make_language_env(env_cfg).system_prompt
     seeds = seed_schedule(env_cfg, rollout_cfg)
     train_levels = [s.level for s in seeds.next_train(cfg.samples, 1)]
-    val_levels = [s.level for s in seeds.validation(min(cfg.eval_samples, rollout_cfg.num_val_layouts), 1)]
+    val_levels = [s.level for s in seeds.validation(cfg.eval_samples, 1)]
     train = caption_batch(codec, system_prompt, walk_states(env_cfg, train_levels, cfg.max_walk, cfg.seed))
     val = caption_batch(codec, system_prompt, walk_states(env_cfg, val_levels, cfg.max_walk, cfg.seed + 1))
     log(
@@ -179,7 +179,7 @@ ROLLOUT_FIELDS_IN_KEY = (
     "train_seed_start",
     "val_seed_start",
     "holdout_val_layouts",
-    "num_val_layouts",
+    "val_layout_share",
 )
 
 

@@ -57,7 +57,13 @@ from vagen.rollout.batch import EpisodeRecord, RolloutBatch, build_batch
 from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.engines.base import make_engine
 from vagen.rollout.evaluate import EvalSummary, evaluate
-from vagen.rollout.manager import RolloutManager, make_language_env, read_chat_template, seed_schedule
+from vagen.rollout.manager import (
+    RolloutManager,
+    check_random_start,
+    make_language_env,
+    read_chat_template,
+    seed_schedule,
+)
 from vagen.rollout.seeds import EpisodeSeeds
 
 # model.warm_start -> teacher
@@ -108,11 +114,20 @@ class SFTConfig:
     seed: int = field(
         default=0, metadata={"help": "seed of the teacher, its levels, the data order and torch"}
     )
+    random_start: float = field(
+        default=0.0,
+        metadata={
+            "help": "exploring starts: share of teacher episodes that start on a random cell that can "
+            "reach the goal (FrozenLake), for more varied states; evaluation starts on the level's start"
+        },
+    )
     cache_dir: str = field(default="", metadata={"help": "where warm starts are kept; '' = $VAGEN_CACHE/sft"})
 
     def __post_init__(self) -> None:
         if self.teacher not in TEACHERS:
             raise ValueError(f"sft.teacher must be one of {sorted(TEACHERS)}, got {self.teacher!r}")
+        if not 0.0 <= self.random_start <= 1.0:
+            raise ValueError(f"sft.random_start must lie in [0, 1], got {self.random_start}")
         for name in ("episodes", "steps", "batch_size", "micro_batch_size", "eval_levels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"sft.{name} must be >= 1, got {getattr(self, name)}")
@@ -240,17 +255,26 @@ def play_teacher_episodes(
     episode_seeds: list[EpisodeSeeds],
     teacher: str,
     seed: int,
+    random_start: float = 0.0,
 ) -> tuple[list[EpisodeRecord], list[list[Segment]]]:
     """One teacher-played episode per entry with the rollout's action budget and episode ends; with a
     codec, each is also assembled like RolloutManager.collect (same template, window and masks), the
-    replies tokenised from the teacher's text. Returns the episodes and their rows (segments)."""
+    replies tokenised from the teacher's text; `random_start` as the env's reset option. Returns the
+    episodes and their rows (segments)."""
     rng = np.random.default_rng(seed)
     env = make_language_env(env_cfg)
     records, segments = [], []
     for seeds in episode_seeds:
-        assembler = EpisodeAssembler(codec, env.system_prompt, rollout_cfg.window, env_cfg.text_only)
+        assembler = EpisodeAssembler(
+            codec,
+            env.system_prompt,
+            rollout_cfg.window,
+            env_cfg.text_only,
+            pin_first_turn=not env.instructions_in_system,
+        )
         record = EpisodeRecord(seeds.group, seeds.member, seeds.level, seeds.dynamics)
-        observation, _ = env.reset(seed=seeds.level, options={"dynamics_seed": seeds.dynamics})
+        options = {"dynamics_seed": seeds.dynamics, "random_start": random_start}
+        observation, _ = env.reset(seed=seeds.level, options=options)
         for _ in range(rollout_cfg.max_turns):
             if codec is not None:
                 pending = assembler.prepare(observation.text, observation.images)
@@ -393,7 +417,7 @@ NOT_IN_CACHE_KEY = {
         "template_penalty",
         "template_score_threshold",
     },
-    # levels follow sft.seed (run_sft); teacher episodes start on the level's start (no random_start)
+    # levels follow sft.seed (run_sft); teacher episodes take sft.random_start, not the RL run's
     "rollout": {"engine", "num_groups", "group_size", "seed", "random_start"},
     "sft": {"cache_dir"},
 }
@@ -444,6 +468,7 @@ def run_sft(
     """The whole warm start (module docstring); returns the cached result when it exists."""
     # its levels and dynamics follow sft.seed, not the RL run's seed: RL seeds share one warm start
     rollout_cfg = replace(rollout_cfg, seed=sft_cfg.seed)
+    check_random_start(env_cfg, sft_cfg.random_start, "sft.random_start")
     key = cache_key(resolve_model_path(model_path), env_cfg, rollout_cfg, sft_cfg)
     target = Path(out_dir) if out_dir is not None else cache_folder(sft_cfg, key)
     if (target / REPORT_FILE).is_file():
@@ -458,7 +483,7 @@ def run_sft(
     seeds = seed_schedule(env_cfg, rollout_cfg)  # the run's seeds: validation layouts held out
     train_seeds = seeds.next_train(sft_cfg.episodes, 1)
     records, segments = play_teacher_episodes(
-        env_cfg, rollout_cfg, codec, train_seeds, sft_cfg.teacher, sft_cfg.seed
+        env_cfg, rollout_cfg, codec, train_seeds, sft_cfg.teacher, sft_cfg.seed, sft_cfg.random_start
     )
     data = build_batch(segments, records, codec.pad_token_id)
     val_seeds = seeds.validation(sft_cfg.eval_levels, 1)

@@ -2,8 +2,8 @@
 the token ids the engine sampled -- assistant text is never re-tokenised.
 
 Turn t's context text is C_t = render([system, kept turns, user_t], add_generation_prompt=True), where the
-kept turns are all earlier turns (window None), or the first turn (its message holds the task instructions)
-plus the last `window` ones. The episode's current row
+kept turns are all earlier turns (window None), or the first turn (its message holds the task instructions;
+not pinned when they are in the system prompt) plus the last `window` ones. The episode's current row
 (segment) holds the tokens of its text S (the context plus the replies sampled so far). If S is a prefix of
 C_t, only the suffix C_t[len(S):] is tokenised (the processor expands the new images' pads) and appended;
 otherwise -- a dropped turn (window) or a template that rewrites history -- a new segment starts from C_t
@@ -191,9 +191,17 @@ class SampledTurn:
 class EpisodeAssembler:
     """Builds one episode's rows (segments) turn by turn; see the module docstring for the rules."""
 
-    def __init__(self, codec: ChatCodec, system_prompt: str, window: int | None, text_only: bool) -> None:
+    def __init__(
+        self,
+        codec: ChatCodec,
+        system_prompt: str,
+        window: int | None,
+        text_only: bool,
+        pin_first_turn: bool = True,
+    ) -> None:
         self.codec = codec
         self.window = window
+        self.pinned = 1 if pin_first_turn else 0
         self.text_only = text_only
         self.system = {"role": "system", "content": system_prompt}
         self.turns: list[_Turn] = []
@@ -209,7 +217,7 @@ class EpisodeAssembler:
         kept = (
             completed
             if self.window is None
-            else completed[:1] + completed[max(1, len(completed) - self.window) :]
+            else completed[: self.pinned] + completed[max(self.pinned, len(completed) - self.window) :]
         )
         messages = (
             [self.system] + [m for turn in kept for m in (turn.user, turn.reply)] + [self.turns[-1].user]

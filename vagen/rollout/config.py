@@ -35,6 +35,14 @@ class EnvConfig:
             "Sokoban's floor is ' ', so use e.g. '|' there)"
         },
     )
+    instructions_in_system: bool = field(
+        default=False,
+        metadata={
+            "help": "task instructions in the system prompt instead of the first message: with "
+            "rollout.window the context then keeps only the last `window` turns (window 0: the current "
+            "observation alone)"
+        },
+    )
     grounding_reward_weight: float = field(
         default=0.0, metadata={"help": "weight of the F1 of <observation> against the true state"}
     )
@@ -63,8 +71,8 @@ class RolloutConfig:
     window: int | None = field(
         default=None,
         metadata={
-            "help": "earlier turns kept in the context besides the first (task instructions, always kept); "
-            "None = full history (one row per episode)"
+            "help": "earlier turns kept in the context besides the first (it holds the task instructions "
+            "unless env.instructions_in_system); None = full history (one row per episode)"
         },
     )
     max_context_tokens: int = field(
@@ -108,13 +116,16 @@ class RolloutConfig:
     holdout_val_layouts: bool = field(
         default=True,
         metadata={
-            "help": "validation levels have pairwise distinct layouts (env.layout_key) and training skips "
-            "every level whose layout is one of them; False = plain disjoint seed ranges"
+            "help": "a hash of each level's layout (env.layout_key) assigns it to validation or training: "
+            "no training level shows a validation map; False = plain disjoint seed ranges"
         },
     )
-    num_val_layouts: int = field(
-        default=512,
-        metadata={"help": "validation layouts held out of training (most validation levels one can ask for)"},
+    val_layout_share: float = field(
+        default=0.2,
+        metadata={
+            "help": "share of the layouts held out for validation (by hash, so both sides keep "
+            "the generator's distribution of maps)"
+        },
     )
     seed: int = field(default=0, metadata={"help": "base seed of sampling and env dynamics"})
 
@@ -133,6 +144,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.window must be None or >= 0, got {self.window}")
         if not 0.0 <= self.random_start <= 1.0:
             raise ValueError(f"rollout.random_start must lie in [0, 1], got {self.random_start}")
+        if not 0.0 < self.val_layout_share < 1.0:
+            raise ValueError(f"rollout.val_layout_share must lie in (0, 1), got {self.val_layout_share}")
         if self.train_seed_start >= self.val_seed_start:
             raise ValueError(
                 "rollout.train_seed_start must be below rollout.val_seed_start (disjoint ranges)"
@@ -143,7 +156,6 @@ class RolloutConfig:
             "max_turns",
             "max_actions_per_episode",
             "max_new_tokens",
-            "num_val_layouts",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")

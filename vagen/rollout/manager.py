@@ -36,7 +36,18 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
         format_penalty=cfg.format_penalty,
         text_only=cfg.text_only,
         cell_separator=cfg.cell_separator,
+        instructions_in_system=cfg.instructions_in_system,
     )
+
+
+def check_random_start(env_cfg: EnvConfig, share: float, name: str) -> None:
+    """Exploring starts (share > 0) need an env that can start elsewhere than its start cell."""
+    if share > 0 and not getattr(
+        gym.make(env_cfg.env_id, **env_cfg.env_kwargs).unwrapped, "supports_random_start", False
+    ):
+        raise ValueError(
+            f"{name}={share} needs an env with random starts; {env_cfg.env_id} has none (FrozenLake has)"
+        )
 
 
 def layout_probe(cfg: EnvConfig) -> Callable[[int], str]:
@@ -57,7 +68,7 @@ def seed_schedule(env_cfg: EnvConfig, cfg: RolloutConfig) -> SeedSchedule:
         cfg.train_seed_start,
         cfg.val_seed_start,
         layout_of=layout_probe(env_cfg) if cfg.holdout_val_layouts else None,
-        num_val_layouts=cfg.num_val_layouts,
+        val_layout_share=cfg.val_layout_share,
     )
 
 
@@ -101,12 +112,7 @@ class RolloutManager:
         self.codec = ChatCodec(processor_or_tokenizer, read_chat_template(cfg.chat_template))
         self.seeds = seed_schedule(env_cfg, cfg)
         self.envs: list[LanguageEnv] = []
-        game = gym.make(env_cfg.env_id, **env_cfg.env_kwargs).unwrapped if cfg.random_start > 0 else None
-        if game is not None and not getattr(game, "supports_random_start", False):
-            raise ValueError(
-                f"rollout.random_start={cfg.random_start} needs an env with random starts; "
-                f"{env_cfg.env_id} has none (FrozenLake has)"
-            )
+        check_random_start(env_cfg, cfg.random_start, "rollout.random_start")
         self.timings: dict[str, float] = {}
 
     def train_batch(self) -> RolloutBatch:
@@ -149,7 +155,11 @@ class RolloutManager:
         episodes = []
         for seeds, env in zip(episode_seeds, self.envs, strict=False):
             assembler = EpisodeAssembler(
-                self.codec, env.system_prompt, self.cfg.window, self.env_cfg.text_only
+                self.codec,
+                env.system_prompt,
+                self.cfg.window,
+                self.env_cfg.text_only,
+                pin_first_turn=not env.instructions_in_system,
             )
             episode = _Episode(seeds, env, assembler)
             start = time.perf_counter()

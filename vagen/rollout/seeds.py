@@ -6,15 +6,24 @@ processes and Python versions, unlike `hash()`.
 
 Held-out layouts: small games repeat maps (4x4 FrozenLake: ~750 distinct layouts in 2,000 seeds), so
 distinct seeds do not make unseen levels. With a `layout_of(seed) -> str` function (the env's
-`layout_key` after `reset(seed)`), validation levels are the first seeds of the validation range with
-pairwise distinct layouts, and training skips every seed whose layout is among the first
-`num_val_layouts` of them -- so no training level ever shows a validation map.
+`layout_key` after `reset(seed)`), the layouts are split by a hash: a layout is held out when
+sha256(layout) read as a fraction of 2^64 lies below `val_layout_share`. Validation levels are the
+seeds of the validation range whose layout is held out, training skips them -- so no training level
+ever shows a validation map, and both sides draw their maps from the generator's own distribution.
+(Holding out the first layouts met instead would hold out the most frequent ones: on 4x4 FrozenLake,
+512 of them are every map with at most 2 holes, which training would then never see.)
 """
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
+
+def is_held_out(layout: str, share: float) -> bool:
+    """Whether a layout belongs to validation: a uniform hash of the layout text, below `share`."""
+    return int.from_bytes(hashlib.sha256(layout.encode()).digest()[:8], "big") < share * 2**64
 
 
 def derive_seed(*entropy: int) -> int:
@@ -39,7 +48,7 @@ class SeedSchedule:
       train levels: train_start + k for k = 0, 1, 2, ... (never reaching val_start)
       val levels:   val_start + i for i = 0 .. N-1 (the same every evaluation)
     With `layout_of` (held-out layouts, see the module docstring):
-      val levels:   the first N seeds >= val_start whose layouts are pairwise distinct (N <= num_val_layouts)
+      val levels:   the first N seeds >= val_start whose layout is held out
       train levels: the seeds >= train_start in order, skipping those with a held-out layout;
                     `train_levels_used` counts levels issued, so a checkpoint restores the same stream.
     """
@@ -50,19 +59,22 @@ class SeedSchedule:
         train_start: int,
         val_start: int,
         layout_of: Callable[[int], str] | None = None,
-        num_val_layouts: int = 512,
+        val_layout_share: float = 0.2,
     ) -> None:
         if train_start >= val_start:
             raise ValueError(
                 f"training seeds ({train_start}..) must lie below validation seeds ({val_start}..)"
             )
+        if not 0.0 < val_layout_share < 1.0:
+            raise ValueError(f"val_layout_share must lie in (0, 1), got {val_layout_share}")
         self.base_seed = base_seed
         self.train_start = train_start
         self.val_start = val_start
         self.layout_of = layout_of
-        self.num_val_layouts = num_val_layouts
+        self.val_layout_share = val_layout_share
         self.train_levels_used = 0
-        self._held_out: tuple[list[int], set[str]] | None = None  # validation seeds, their layouts
+        self._val_levels: list[int] = []  # validation seeds found so far, in order
+        self._next_val_seed = val_start  # first validation seed not yet scanned
         self._train_levels: list[int] = []  # training seeds issued or scanned so far, in order
         self._next_seed = train_start  # first training seed not yet scanned
 
@@ -76,38 +88,28 @@ class SeedSchedule:
         """Seeds for the first `num_groups` validation levels x `group_size` members (fixed)."""
         if self.layout_of is None:
             return self.episodes(range(self.val_start, self.val_start + num_groups), group_size)
-        if num_groups > self.num_val_layouts:
-            raise ValueError(
-                f"{num_groups} validation levels asked for, but only {self.num_val_layouts} layouts are held "
-                "out of training (raise rollout.num_val_layouts)"
-            )
-        return self.episodes(self.held_out()[0][:num_groups], group_size)
+        while len(self._val_levels) < num_groups:
+            if self._next_val_seed - self.val_start > 1000 * num_groups:
+                raise RuntimeError(
+                    f"found only {len(self._val_levels)} held-out levels in {1000 * num_groups} seeds: "
+                    "does the env have so few layouts? Raise rollout.val_layout_share"
+                )
+            seed, self._next_val_seed = self._next_val_seed, self._next_val_seed + 1
+            if self.held_out(seed):
+                self._val_levels.append(seed)
+        return self.episodes(self._val_levels[:num_groups], group_size)
 
-    def held_out(self) -> tuple[list[int], set[str]]:
-        """The `num_val_layouts` validation seeds with pairwise distinct layouts, and those layouts
-        (computed once; needs `layout_of`)."""
-        if self._held_out is None:
-            layouts: dict[str, int] = {}
-            seed = self.val_start
-            while len(layouts) < self.num_val_layouts:
-                if seed - self.val_start > 1000 * self.num_val_layouts:
-                    raise RuntimeError(
-                        f"found only {len(layouts)} distinct validation layouts in "
-                        f"{seed - self.val_start} seeds; lower rollout.num_val_layouts"
-                    )
-                layouts.setdefault(self.layout_of(seed), seed)
-                seed += 1
-            self._held_out = list(layouts.values()), set(layouts)
-        return self._held_out
+    def held_out(self, seed: int) -> bool:
+        """Whether the level of `seed` has a validation layout (needs `layout_of`)."""
+        return is_held_out(self.layout_of(seed), self.val_layout_share)
 
     def _train_range(self, first: int, end: int) -> list[int]:
         """Training levels number first .. end - 1 (scanning seeds and skipping held-out layouts)."""
-        held_out = set() if self.layout_of is None else self.held_out()[1]
         while len(self._train_levels) < end:
             if self._next_seed >= self.val_start:
                 raise RuntimeError("training level seeds exhausted: they would enter the validation range")
             seed, self._next_seed = self._next_seed, self._next_seed + 1
-            if not held_out or self.layout_of(seed) not in held_out:
+            if self.layout_of is None or not self.held_out(seed):
                 self._train_levels.append(seed)
         return self._train_levels[first:end]
 

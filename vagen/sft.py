@@ -52,7 +52,7 @@ from envs_visual.language import PROMPT_FORMATS, LanguageEnv, separate_cells
 from vagen.models.loading import load_policy
 from vagen.models.scoring import token_logprobs
 from vagen.models.tiny import cache_root, resolve_model_path
-from vagen.rollout.assembly import ChatCodec, EpisodeAssembler, Segment
+from vagen.rollout.assembly import ChatCodec, Segment
 from vagen.rollout.batch import EpisodeRecord, RolloutBatch, build_batch
 from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.engines.base import make_engine
@@ -60,6 +60,7 @@ from vagen.rollout.evaluate import EvalSummary, evaluate
 from vagen.rollout.manager import (
     RolloutManager,
     check_random_start,
+    episode_assembler,
     make_language_env,
     read_chat_template,
     seed_schedule,
@@ -265,13 +266,7 @@ def play_teacher_episodes(
     env = make_language_env(env_cfg)
     records, segments = [], []
     for seeds in episode_seeds:
-        assembler = EpisodeAssembler(
-            codec,
-            env.system_prompt,
-            rollout_cfg.window,
-            env_cfg.text_only,
-            pin_first_turn=not env.instructions_in_system,
-        )
+        assembler = episode_assembler(codec, env, rollout_cfg.window)
         record = EpisodeRecord(seeds.group, seeds.member, seeds.level, seeds.dynamics)
         options = {"dynamics_seed": seeds.dynamics, "random_start": random_start}
         observation, _ = env.reset(seed=seeds.level, options=options)

@@ -50,6 +50,15 @@ def check_random_start(env_cfg: EnvConfig, share: float, name: str) -> None:
         )
 
 
+def episode_assembler(codec: ChatCodec | None, env: LanguageEnv, window: int | None) -> EpisodeAssembler:
+    """The assembler of one episode of `env` (RL rollouts and teacher episodes alike): its system prompt,
+    its modality, and the first turn pinned in a windowed context unless the instructions are in the
+    system prompt."""
+    return EpisodeAssembler(
+        codec, env.system_prompt, window, env.text_only, pin_first_turn=not env.instructions_in_system
+    )
+
+
 def layout_probe(cfg: EnvConfig) -> Callable[[int], str]:
     """seed -> the layout key of the level that seed makes (one private env, reset only)."""
     env = gym.make(cfg.env_id, **cfg.env_kwargs)
@@ -154,13 +163,7 @@ class RolloutManager:
             self.envs.append(make_language_env(self.env_cfg))
         episodes = []
         for seeds, env in zip(episode_seeds, self.envs, strict=False):
-            assembler = EpisodeAssembler(
-                self.codec,
-                env.system_prompt,
-                self.cfg.window,
-                self.env_cfg.text_only,
-                pin_first_turn=not env.instructions_in_system,
-            )
+            assembler = episode_assembler(self.codec, env, self.cfg.window)
             episode = _Episode(seeds, env, assembler)
             start = time.perf_counter()
             env.max_actions_per_turn = self.env_cfg.max_actions_per_turn

@@ -52,6 +52,8 @@ def test_yaml_then_overrides_in_order(tmp_path):
         (["trainer.deepspeed=configs/deepspeed/zero9.json"], "file not found"),
         (["algo.adv=grpo", "algo.kl_in_reward=true"], "bad value for config key 'algo.kl_in_reward'"),
         (["rollout.window=-2"], "rollout.window must be None or >= 0"),
+        (["algo.critic=oracle"], "bad value for config key 'algo.critic': 'oracle' not in"),
+        (["algo.adv=gae", "algo.critic=state"], "critic=state gives one value per turn"),
         (["rollout.random_start=1.5"], "rollout.random_start must lie in [0, 1]"),
         (["trainer.steps"], "override 'trainer.steps' must look like key=value"),
     ],

@@ -57,9 +57,11 @@ def _repo_cwd(monkeypatch):
     monkeypatch.chdir(REPO)
 
 
-@pytest.mark.parametrize("adv", ["gae", "bilevel_gae", "grpo"])
-def test_two_step_run(tmp_path, adv):
-    extra = {"algo.adv": adv}
+@pytest.mark.parametrize(
+    ("adv", "critic"), [("gae", "model"), ("bilevel_gae", "model"), ("grpo", "model"), ("turn_gae", "state")]
+)
+def test_two_step_run(tmp_path, adv, critic):
+    extra = {"algo.adv": adv, "algo.critic": critic}
     if adv == "gae":  # also exercise the GIF/HTML writer and the checkpoint format here
         extra |= {"trainer.viz_every": 2, "trainer.viz_episodes": 2}
     summary = train(load_config(REPO / "configs/frozenlake_tiny.yaml", tiny_overrides(tmp_path, **extra)))
@@ -70,12 +72,8 @@ def test_two_step_run(tmp_path, adv):
         assert not missing, missing
         assert all(math.isfinite(v) for v in m.values())
         assert m["filter/kept_groups"] == 2
-        assert (
-            ("critic/vf_loss" in m)
-            == ("critic/clipfrac" in m)
-            == ("critic/explained_var" in m)
-            == (adv != "grpo")
-        )
+        assert ("critic/vf_loss" in m) == ("critic/explained_var" in m) == (adv != "grpo")
+        assert ("critic/clipfrac" in m) == (adv != "grpo" and critic == "model")  # no value clip on state
     documented = (REPO / "docs" / "metrics.md").read_text()
     undocumented = {k for m in lines for k in m if k != "step" and f"`{k}`" not in documented}
     assert not undocumented, f"define these in docs/metrics.md: {sorted(undocumented)}"
@@ -83,6 +81,7 @@ def test_two_step_run(tmp_path, adv):
     assert "val/success_rate" in lines[0] and "val/success_rate" in lines[2]
     final = tmp_path / "checkpoints" / "step_000002"
     assert (final / "actor" / "model.safetensors").is_file() and (final / "trainer_state.json").is_file()
+    assert (final / "state_critic" / "model.safetensors").is_file() == (critic == "state")
     if adv == "gae":
         assert (final / "critic" / "value_head.safetensors").is_file()
         assert len(list((tmp_path / "rollouts" / "step_000002").glob("*.gif"))) == 2

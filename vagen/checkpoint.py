@@ -4,6 +4,7 @@ Layout of `<run_dir>/checkpoints/step_000012/`:
     actor/            save_pretrained format (config, safetensors, processor); a peft adapter under LoRA
     critic/           ValueModel.save_pretrained (backbone + value_head.safetensors), if trained
     deepspeed/actor/  DeepSpeed engine state (ZeRO optimizer partitions, LR schedule), ditto critic/
+    state_critic/     algo.critic=state: the MLP's weights and AdamW state (safetensors + JSON)
     rng/rank_<r>.json python + numpy RNG states; rng/rank_<r>.safetensors torch RNG state(s)
     trainer_state.json step, seed counters, skip and rollback counts (anything else the loop needs)
 
@@ -99,6 +100,7 @@ def save_checkpoint(
     processor,
     trainer_state: dict[str, Any],
     keep_last: int,
+    state_critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically on all ranks and prune all but the newest `keep_last`.
 
@@ -121,6 +123,8 @@ def save_checkpoint(
         engine.save_checkpoint(str(tmp / "deepspeed" / name), tag=DEEPSPEED_TAG, save_latest=False)
     if rank == 0:
         processor.save_pretrained(tmp / "actor")
+        if state_critic is not None:  # identical on every rank (reduced gradients): rank 0 writes it
+            save_module_state(tmp / "state_critic", *state_critic)
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
 
     portable, tensors = rng_state()
@@ -137,7 +141,36 @@ def save_checkpoint(
     return final
 
 
-def load_checkpoint(path: str | Path, actor_engine, critic_engine) -> dict[str, Any]:
+def save_module_state(folder: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A plain torch module and its optimizer: weights and per-parameter optimizer tensors as
+    safetensors, the optimizer's param groups as JSON."""
+    folder.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(folder / "model.safetensors"))
+    optim_state = optimizer.state_dict()
+    tensors = {f"{i}.{k}": v for i, st in optim_state["state"].items() for k, v in st.items()}
+    save_file(tensors, str(folder / "optimizer.safetensors"))
+    (folder / "param_groups.json").write_text(json.dumps(optim_state["param_groups"]))
+
+
+def load_module_state(folder: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Inverse of `save_module_state`."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} missing: the checkpoint was written without this module")
+    module.load_state_dict(load_file(str(folder / "model.safetensors")))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in load_file(str(folder / "optimizer.safetensors")).items():
+        index, name = key.split(".", 1)
+        state.setdefault(int(index), {})[name] = value
+    groups = json.loads((folder / "param_groups.json").read_text())
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def load_checkpoint(
+    path: str | Path,
+    actor_engine,
+    critic_engine,
+    state_critic: tuple[torch.nn.Module, torch.optim.Optimizer] | None = None,
+) -> dict[str, Any]:
     """Restore engines (weights, optimizer, LR schedule) and this rank's RNG; return trainer_state.
 
     Collective: every rank calls it.
@@ -156,4 +189,6 @@ def load_checkpoint(path: str | Path, actor_engine, critic_engine) -> dict[str, 
             f"{rng_file} missing: resume with the world size the checkpoint was written with"
         )
     set_rng_state(json.loads(rng_file.read_text()), load_file(str(path / "rng" / f"rank_{rank}.safetensors")))
+    if state_critic is not None:
+        load_module_state(path / "state_critic", *state_critic)
     return state

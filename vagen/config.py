@@ -25,6 +25,8 @@ from vagen.sft import WARM_START_TEACHERS, SFTConfig
 
 ALARM_POLICIES = ("warn", "stop", "rollback")
 DTYPES = ("float32", "bfloat16")
+CRITIC_KINDS = ("model", "state")
+TURN_LEVEL_ESTIMATORS = ("turn_gae", "bilevel_gae")  # credit over turns: a value per turn suffices
 
 
 class ConfigError(ValueError):
@@ -127,6 +129,20 @@ class AlgoConfig:
         default=False, metadata={"help": "KL as a per-token reward penalty (True) or as an actor loss term"}
     )
     vf_clip: float = field(default=0.5, metadata={"help": "value clip around the rollout-time values"})
+    critic: str = field(
+        default="model",
+        metadata={
+            "help": "critic of gae / turn_gae / bilevel_gae: model (a value head on the policy's backbone, "
+            "reading the same tokens) | state (an MLP on the env's text state, a privileged input the "
+            "policy never sees: asymmetric actor-critic; turn_gae / bilevel_gae only)"
+        },
+    )
+    state_critic_steps: int = field(
+        default=20, metadata={"help": "critic=state: full-batch regression steps on each rollout"}
+    )
+    state_critic_max_bytes: int = field(
+        default=256, metadata={"help": "critic=state: longest state string (UTF-8 bytes) it reads"}
+    )
     filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "StarPO-S group filter"})
 
 
@@ -333,6 +349,14 @@ def validate(cfg: RunConfig) -> None:
         "algo.kl_in_reward",
         f"a per-token KL reward needs a critic-based estimator, not '{algo.adv}' (use the KL loss term)",
     )
+    _require(algo.critic in CRITIC_KINDS, "algo.critic", f"'{algo.critic}' not in {CRITIC_KINDS}")
+    _require(
+        algo.critic == "model" or algo.adv in TURN_LEVEL_ESTIMATORS,
+        "algo.critic",
+        f"critic=state gives one value per turn; use it with {TURN_LEVEL_ESTIMATORS}, not '{algo.adv}'",
+    )
+    _require(algo.state_critic_steps >= 1, "algo.state_critic_steps", "must be >= 1")
+    _require(algo.state_critic_max_bytes >= 1, "algo.state_critic_max_bytes", "must be >= 1")
     _require(0.0 < algo.filter.keep <= 1.0, "algo.filter.keep", f"must be in (0, 1], got {algo.filter.keep}")
     _require(algo.kl_coef >= 0.0, "algo.kl_coef", f"must be >= 0, got {algo.kl_coef}")
     _require(algo.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {algo.ppo_epochs}")

@@ -38,6 +38,8 @@ from vagen.algo import (
     GROUP_FILTERS,
     AdvantageInputs,
     AdvantageParams,
+    broadcast_turns,
+    gather_turns,
     kl,
     masked_mean,
     ppo_policy_loss,
@@ -56,6 +58,7 @@ from vagen.metrics import (
 )
 from vagen.models.loading import ValueModel, load_policy, tokenizer_of
 from vagen.models.scoring import token_logprobs, token_values
+from vagen.models.state_critic import StateCritic
 from vagen.report import end_of_run_report
 from vagen.rollout.batch import RolloutBatch
 from vagen.rollout.engines.base import make_engine
@@ -153,10 +156,12 @@ def make_deepspeed_engine(model: torch.nn.Module, lr: float, cfg: RunConfig, siz
 @dataclass
 class Models:
     actor: Any  # DeepSpeedEngine around the policy
-    critic: Any | None  # DeepSpeedEngine around a ValueModel (critic-based estimators only)
+    critic: Any | None  # DeepSpeedEngine around a ValueModel (critic-based estimators, algo.critic=model)
     reference: torch.nn.Module | None  # frozen policy; None without KL, or under LoRA (adapter off)
     processor: Any
     generation: Any  # GenerationEngine
+    state_critic: StateCritic | None = None  # algo.critic=state: V(s) from the env's text state
+    state_critic_optim: torch.optim.Optimizer | None = None
 
 
 def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
@@ -177,8 +182,15 @@ def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
             lora["target_modules"] = list(m.lora.target_modules)
     policy, processor = load_policy(start, gradient_checkpointing=m.gradient_checkpointing, lora=lora, **load)
     actor = make_deepspeed_engine(policy, cfg.optim.actor_lr, cfg, sizes)
-    critic = None
-    if needs_critic(cfg):
+    critic = state_critic = state_critic_optim = None
+    if needs_critic(cfg) and cfg.algo.critic == "state":
+        state_critic = StateCritic(cfg.algo.state_critic_max_bytes).to(comm_device())
+        for p in state_critic.parameters():  # ranks seed differently: start from rank 0's weights
+            dist.broadcast(p.data, src=0)
+        state_critic_optim = torch.optim.AdamW(
+            state_critic.parameters(), lr=cfg.optim.critic_lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps
+        )
+    elif needs_critic(cfg):
         value_model = ValueModel.from_pretrained(
             m.critic_path or start, m.dtype, m.attn_implementation, m.gradient_checkpointing
         )
@@ -189,7 +201,7 @@ def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
         reference.to(comm_device()).eval().requires_grad_(False)
     # vLLM keeps its own copy of the weights (synced after every update) and sizes its budgets up front
     generation = make_engine(cfg.rollout.engine, actor.module, processor, **cfg.rollout.engine_options())
-    return Models(actor, critic, reference, processor, generation)
+    return Models(actor, critic, reference, processor, generation, state_critic, state_critic_optim)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -229,8 +241,62 @@ def score(models: Models, batch: RolloutBatch, cfg: RunConfig) -> Scores:
             ref_logp, _ = token_logprobs(
                 models.actor.module, *args, with_entropy=False, temperature=temperature
             )
-    values = token_values(models.critic.module, *args) if models.critic is not None else None
+    values = None
+    if models.critic is not None:
+        values = token_values(models.critic.module, *args)
+    elif models.state_critic is not None:
+        values = state_values(models.state_critic, batch)
     return Scores(old_logp, entropy, ref_logp, values)
+
+
+def turn_states(batch: RolloutBatch) -> tuple[list[str], torch.Tensor]:
+    """Every turn's env state, episodes in order, and the packed view's turn ends (E, L') bool."""
+    turn_end = batch.view.gather(batch.turn_end).bool()
+    keys = state_keys(batch)
+    counts = turn_end.sum(dim=1).tolist()
+    if counts != [len(k) for k in keys]:
+        raise RuntimeError(f"turn ends per episode {counts} != recorded states {[len(k) for k in keys]}")
+    return [state for episode in keys for state in episode], turn_end
+
+
+def state_values(critic: StateCritic, batch: RolloutBatch) -> torch.Tensor:
+    """(B, L): V(s_t) of the state-critic on every adv-masked token of turn t."""
+    states, turn_end = turn_states(batch)
+    flat = critic(states).float()
+    _, valid = gather_turns(turn_end.float(), turn_end)  # (E, T): a prefix of each row marks its turns
+    per_turn = torch.zeros(valid.shape, dtype=flat.dtype, device=flat.device)
+    per_turn[valid.to(flat.device)] = flat  # row-major: episodes in order, turns in order
+    packed = broadcast_turns(per_turn, turn_end, batch.view.mask)
+    return batch.view.scatter(packed, like=batch.token_rewards)
+
+
+def fit_state_critic(
+    models: Models, batch: RolloutBatch, returns: torch.Tensor, cfg: RunConfig, stats: MetricAccumulator
+) -> None:
+    """`algo.state_critic_steps` full-batch steps of 0.5 (V(s_t) - R_t)^2 on every turn of every rank.
+
+    R_t = the estimator's return at turn t's end. Gradients are summed over ranks (named reduction),
+    divided by the global turn count, so every rank applies the same step.
+    """
+    critic, optim = models.state_critic, models.state_critic_optim
+    states: list[str] = []
+    targets = torch.zeros(0, device=comm_device())
+    if len(batch):  # the filter may leave a rank without episodes; it still joins every reduction
+        states, turn_end = turn_states(batch)
+        per_turn, valid = gather_turns(batch.view.gather(returns), turn_end)
+        targets = per_turn[valid].float().to(comm_device())
+    count = max(global_sum(len(states)), 1.0)
+    before = critic(states).detach()
+    for _ in range(cfg.algo.state_critic_steps):
+        optim.zero_grad()
+        loss = 0.5 * (critic(states) - targets).pow(2).sum() / count
+        loss.backward()
+        for p in critic.parameters():
+            dist.all_reduce(p.grad)  # named reduction: SUM of each rank's share of the mean loss
+        optim.step()
+    stats.add("critic/vf_loss", 0.5 * (before - targets).pow(2).mean().item() if states else 0.0, len(states))
+    ones = torch.ones_like(targets, dtype=torch.bool)
+    add_value_moments(stats, before, targets, ones)  # explained variance of the values the advantages used
 
 
 def filter_groups(batch: RolloutBatch, cfg: RunConfig, world: int) -> tuple[torch.Tensor, int, int]:
@@ -570,13 +636,24 @@ def save(
         "level_seeds": manager.seeds.state_dict()
     }
     checkpoint.save_checkpoint(
-        run_dir, step, models.actor, models.critic, models.processor, trainer_state, cfg.trainer.keep_last
+        run_dir,
+        step,
+        models.actor,
+        models.critic,
+        models.processor,
+        trainer_state,
+        cfg.trainer.keep_last,
+        state_critic_pair(models),
     )
+
+
+def state_critic_pair(models: Models) -> tuple[StateCritic, torch.optim.Optimizer] | None:
+    return None if models.state_critic is None else (models.state_critic, models.state_critic_optim)
 
 
 def restore(path: Path, models: Models, manager: RolloutManager) -> dict[str, Any]:
     """Load a checkpoint into the engines, the seed schedule and the generation engine; its state."""
-    state = checkpoint.load_checkpoint(path, models.actor, models.critic)
+    state = checkpoint.load_checkpoint(path, models.actor, models.critic, state_critic_pair(models))
     manager.seeds.load_state_dict(state["level_seeds"])
     models.generation.sync_weights(models.actor.module)
     return state
@@ -659,6 +736,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         skipped, tokens = update(
             models, kept, kept_scores, adv, returns, pad_row, cfg, sizes, generator, stats
         )
+        if models.state_critic is not None:
+            fit_state_critic(models, kept, returns, cfg, stats)
         state["skipped_steps"] += skipped
         timings["time/update_s"] = time.perf_counter() - start
         update_tokens = global_sum(tokens)

@@ -1,10 +1,10 @@
 """Two CPU processes (gloo) give the same parameters after one update as one process on the same data.
 
-The same file is the worker: `torchrun --nproc_per_node 2 tests/test_trainer_distributed.py OUT` runs
-`one_update` on each rank. Every rank plays the same 4 episodes (same model, seeds and sampling) and
-gives them fixed rewards; each rank then keeps its own share of the groups, as in training, and the
-filter, advantages and one DeepSpeed update run on the shares.
-"""
+The same file is the worker: `torchrun --nproc_per_node 2 tests/test_trainer_distributed.py OUT CRITIC`
+runs `one_update` on each rank, with the value-model critic (gae) or the state critic (turn_gae).
+Every rank plays the same 4 episodes (same model, seeds and sampling) and gives them fixed rewards;
+each rank then keeps its own share of the groups, as in training, and the filter, advantages and one
+DeepSpeed update run on the shares."""
 
 import os
 import socket
@@ -12,13 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def one_update(out_path: str) -> None:
+def one_update(out_path: str, critic_kind: str) -> None:
     import torch.distributed as dist
 
     from vagen.config import derived_sizes, load_config
@@ -29,6 +30,7 @@ def one_update(out_path: str) -> None:
         advantages,
         build_models,
         filter_groups,
+        fit_state_critic,
         init_distributed,
         score,
         seed_everything,
@@ -39,12 +41,17 @@ def one_update(out_path: str) -> None:
     overrides = [
         "model.warm_start=none", "rollout.engine=hf", "rollout.num_groups=2", "rollout.group_size=2",
         "rollout.max_turns=2",
-        "rollout.max_new_tokens=12", "algo.adv=gae", "algo.mini_batches=1", "algo.kl_coef=0.01",
+        "rollout.max_new_tokens=12", "algo.mini_batches=1", "algo.kl_coef=0.01",
         "trainer.micro_batch_size=1",
         # eps >> |gradient| turns AdamW's first step into SGD (step = lr * g / (|g| + eps)), so that the
         # comparison sees gradient magnitudes, not only their signs
         "optim.actor_lr=1.0", "optim.critic_lr=1.0", "optim.eps=1.0", "optim.warmup_steps=0",
     ]  # fmt: skip
+    overrides += (
+        ["algo.adv=gae"]
+        if critic_kind == "model"
+        else ["algo.adv=turn_gae", "algo.critic=state", "algo.state_critic_steps=2"]
+    )
     cfg = load_config(REPO / "configs/frozenlake_tiny.yaml", overrides)
     sizes = derived_sizes(cfg, world)
     seed_everything(cfg.trainer.seed, rank=0)  # identical weights and episodes on every rank
@@ -68,14 +75,16 @@ def one_update(out_path: str) -> None:
     pad_row = share.select([0])
     stats = MetricAccumulator()
     update(models, kept, scores.select(rows), adv, returns, pad_row, cfg, sizes, generator, stats)
+    if critic_kind == "state":
+        fit_state_critic(models, kept, returns, cfg, stats)
     reduced = stats.reduce()
-    grad_norms = torch.tensor([reduced["actor/grad_norm"], reduced["critic/grad_norm"]], dtype=torch.float64)
+    critic_metric = "critic/grad_norm" if critic_kind == "model" else "critic/vf_loss"
+    grad_norms = torch.tensor([reduced["actor/grad_norm"], reduced[critic_metric]], dtype=torch.float64)
     actor = {
         f"actor.{k}": v.detach().clone().contiguous() for k, v in models.actor.module.state_dict().items()
     }
-    critic = {
-        f"critic.{k}": v.detach().clone().contiguous() for k, v in models.critic.module.state_dict().items()
-    }
+    value_fn = models.critic.module if critic_kind == "model" else models.state_critic
+    critic = {f"critic.{k}": v.detach().clone().contiguous() for k, v in value_fn.state_dict().items()}
     if rank == 0:
         save_file(actor | critic | {"grad_norms": grad_norms}, out_path)
     dist.barrier()
@@ -87,13 +96,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_match_one_process_after_one_update(tmp_path):
+@pytest.mark.parametrize("critic_kind", ["model", "state"])
+def test_two_processes_match_one_process_after_one_update(tmp_path, critic_kind):
     env = os.environ | {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     outputs = {}
     for world in (1, 2):
         outputs[world] = tmp_path / f"world{world}.safetensors"
         launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world}"]
-        launcher += [f"--master_port={free_port()}", __file__, str(outputs[world])]
+        launcher += [f"--master_port={free_port()}", __file__, str(outputs[world]), critic_kind]
         done = subprocess.run(launcher, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
     one, two = load_file(outputs[1]), load_file(outputs[2])
@@ -109,7 +119,9 @@ def test_two_processes_match_one_process_after_one_update(tmp_path):
     moved = max((one[f"actor.{k}"] - v).abs().max().item() for k, v in initial.state_dict().items())
     print("worst", worst, "moved", moved, "norms", one["grad_norms"].tolist())
     assert moved > 1e-4
+    if critic_kind == "state":  # the state critic starts with a zero last layer: the fit moved it
+        assert one["critic.mlp.4.weight"].abs().max().item() > 1e-4
 
 
 if __name__ == "__main__":
-    one_update(sys.argv[1])
+    one_update(sys.argv[1], sys.argv[2])

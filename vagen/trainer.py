@@ -286,10 +286,14 @@ def fit_state_critic(
         per_turn, valid = gather_turns(batch.view.gather(returns), turn_end)
         targets = per_turn[valid].float().to(comm_device())
     count = max(global_sum(len(states)), 1.0)
-    before = critic(states).detach()
-    for _ in range(cfg.algo.state_critic_steps):
+    ids = critic.encode(states)  # the byte loop once, not once per step
+    before = torch.zeros_like(targets)
+    for step in range(cfg.algo.state_critic_steps):
         optim.zero_grad()
-        loss = 0.5 * (critic(states) - targets).pow(2).sum() / count
+        predicted = critic.values(ids)
+        if step == 0:  # the values the advantages used (the critic has not moved since scoring)
+            before = predicted.detach()
+        loss = 0.5 * (predicted - targets).pow(2).sum() / count
         loss.backward()
         for p in critic.parameters():
             dist.all_reduce(p.grad)  # named reduction: SUM of each rank's share of the mean loss

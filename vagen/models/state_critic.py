@@ -48,7 +48,10 @@ class StateCritic(nn.Module):
             ids[i, : len(raw)] = torch.tensor(list(raw), dtype=torch.long)
         return ids.to(self.embed.weight.device)
 
+    def values(self, ids: torch.Tensor) -> torch.Tensor:
+        """(N,) float32 values of encoded states (N, max_bytes): encode once, evaluate many times."""
+        return self.mlp(self.embed(ids).flatten(1)).squeeze(-1)  # embed: (N, max_bytes, embed_dim)
+
     def forward(self, states: list[str]) -> torch.Tensor:
         """(N,) float32 values."""
-        x = self.embed(self.encode(states)).flatten(1)  # (N, max_bytes * embed_dim)
-        return self.mlp(x).squeeze(-1)
+        return self.values(self.encode(states))

@@ -53,7 +53,9 @@ TASK_RECIPES = {
 }
 # minutes of RL per run asked by the issue (Sokoban gets twice the FrozenLake budget)
 TASK_MINUTES = {"frozenlake": 30.0, "sokoban": 60.0, "frozenlake_slippery": 30.0}
-ALGORITHMS = ("gae", "grpo", "bilevel_gae", "bilevel_gae+starpo_s", "gigpo")
+ALGORITHMS = ("gae", "grpo", "bilevel_gae", "bilevel_gae+starpo_s", "gigpo", "mpo")
+# mpo is a policy update, not an advantage estimator: a privileged Q(s, a) critic and an all-action target
+MPO = ["algo.policy_loss=mpo", "algo.critic=state"]
 STARPO_S = ["algo.filter.rule=top_std_fraction", "algo.filter.keep=0.5"]  # keep 4 of the recipes' 8 groups
 REFERENCE_WARM_STARTS = ("format", "solver")  # keys of vagen.sft.WARM_START_TEACHERS
 BENCH_FILE = "bench.json"
@@ -66,15 +68,17 @@ POLL_SECONDS = 5.0
 
 
 def algorithm_overrides(algo: str) -> list[str]:
-    """`gae`, `grpo`, ... -> algo.adv=...; a "+starpo_s" suffix adds the StarPO-S group filter."""
+    """`gae`, `grpo`, ... -> PPO's update with algo.adv=... (critic-based ones with a value head on the
+    policy's backbone); `mpo` -> the mpo update; a "+starpo_s" suffix adds the StarPO-S group filter."""
     base, _, extra = algo.partition("+")
-    if base not in ADVANTAGE_ESTIMATORS:
+    if base != "mpo" and base not in ADVANTAGE_ESTIMATORS:
         raise SystemExit(
-            f"unknown advantage estimator '{base}' in '{algo}': not one of {sorted(ADVANTAGE_ESTIMATORS)}"
+            f"unknown algorithm '{base}' in '{algo}': not mpo nor one of {sorted(ADVANTAGE_ESTIMATORS)}"
         )
     if extra not in ("", "starpo_s"):
         raise SystemExit(f"unknown algorithm modifier '+{extra}' in '{algo}' (only +starpo_s)")
-    return [f"algo.adv={base}"] + (STARPO_S if extra else [])
+    update = MPO if base == "mpo" else ["algo.policy_loss=ppo", f"algo.adv={base}", "algo.critic=model"]
+    return update + (STARPO_S if extra else [])
 
 
 def recipe_of(task: str) -> Path:

@@ -29,6 +29,7 @@ ACTION_SEPARATOR = re.compile(r",|\|\|")
 # Free text inside an element: anything that is not one of our tags (so nested or stray tags fail).
 _FREE_TEXT = r"(?:(?!</?(?:" + "|".join(TAGS) + r")>).)*"
 
+INSTRUCTION_STYLES = ("full", "brief")
 SYSTEM_PROMPT = (
     "You are an agent playing a game on a grid. Each turn you see the current state and reply with "
     "your next actions in exactly the requested format."
@@ -85,6 +86,7 @@ class ParseResult:
     num_invalid: int  # actions dropped (invalid, after an invalid one, or over the per-turn cap)
     texts: dict[str, str] = field(default_factory=dict)  # tag -> inner text
     spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # tag -> [start, end) of the element
+    action_starts: list[int] = field(default_factory=list)  # reply offset of each of `actions`' names
 
 
 def _element(tag: str, inner: str) -> str:
@@ -118,15 +120,21 @@ def parse_reply(
     texts = {tag: match.group(f"{tag}_text") for tag in TAGS if tag in match.re.groupindex}
     spans = {tag: match.span(tag) for tag in texts}
     canonical = {name.lower(): name for name in action_names}
-    items = [item.strip() for item in ACTION_SEPARATOR.split(texts["answer"])]
-    items = [item for item in items if item]
-    actions = []
-    for item in items[:max_actions]:
+    answer, answer_start = texts["answer"], match.start("answer_text")
+    bounds = [0] + [x for sep in ACTION_SEPARATOR.finditer(answer) for x in sep.span()] + [len(answer)]
+    items = []  # (stripped item, its offset in the reply)
+    for begin, end in zip(bounds[::2], bounds[1::2], strict=True):
+        piece = answer[begin:end]
+        if piece.strip():
+            items.append((piece.strip(), answer_start + begin + len(piece) - len(piece.lstrip())))
+    actions, action_starts = [], []
+    for item, start in items[:max_actions]:
         if item.lower() not in canonical:
             break
         actions.append(canonical[item.lower()])
+        action_starts.append(start)
     num_invalid = len(items) - len(actions)
-    return ParseResult(len(items) > 0 and num_invalid == 0, actions, num_invalid, texts, spans)
+    return ParseResult(len(items) > 0 and num_invalid == 0, actions, num_invalid, texts, spans, action_starts)
 
 
 def separate_cells(grid: str, separator: str) -> str:
@@ -157,11 +165,14 @@ class LanguageEnv:
         format_penalty: float = 0.0,
         cell_separator: str = "",
         instructions_in_system: bool = False,
+        instructions: str = "full",
     ):
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"prompt_format must be one of {sorted(PROMPT_FORMATS)}, got {prompt_format!r}")
         if max_actions_per_turn < 1:
             raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
+        if instructions not in INSTRUCTION_STYLES:
+            raise ValueError(f"instructions must be one of {INSTRUCTION_STYLES}, got {instructions!r}")
         if format_penalty > 0:
             raise ValueError(
                 f"format_penalty is added to a malformed turn's reward: use <= 0, got {format_penalty}"
@@ -175,9 +186,11 @@ class LanguageEnv:
         self.cell_separator = cell_separator
         self.action_names: tuple[str, ...] = tuple(env.unwrapped.action_names)
         self.instructions_in_system = instructions_in_system
-        self.system_prompt = (
-            f"{SYSTEM_PROMPT}\n\n{self.instructions()}" if instructions_in_system else SYSTEM_PROMPT
+        self.instruction_style = instructions
+        in_system = (
+            self.instructions() if instructions == "brief" else f"{SYSTEM_PROMPT}\n\n{self.instructions()}"
         )
+        self.system_prompt = in_system if instructions_in_system else SYSTEM_PROMPT
         self._last_obs: dict[str, Any] = {}
         self._last_info: dict[str, Any] = {}
 
@@ -189,8 +202,13 @@ class LanguageEnv:
         return Observation("\n".join(lines), self._images(obs), obs["text"]), info
 
     def instructions(self) -> str:
-        """The task: the game's rules and legend, the actions, the reply format and an example."""
+        """The task: the game's rules and legend, the actions, the reply format and an example (or, brief,
+        the game's first sentence, the actions and the reply format)."""
         game = self.env.unwrapped
+        if self.instruction_style == "brief":
+            first_sentence = game.instruction.split(". ")[0].rstrip(".")
+            actions = f"Actions: {', '.join(self.action_names)}."
+            return f"{first_sentence}. {actions} {PROMPT_FORMATS[self.prompt_format].instruction}"
         legend = game.text_legend if self.text_only else game.image_legend
         lines = [
             game.instruction,

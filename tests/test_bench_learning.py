@@ -45,9 +45,14 @@ def test_summary_table_and_plots_from_run_folders(tmp_path):
 
 
 def test_algorithm_names_and_modifiers():
-    assert learning.algorithm_overrides("grpo") == ["algo.adv=grpo"]
-    assert learning.algorithm_overrides("bilevel_gae+starpo_s")[1:] == learning.STARPO_S
-    with pytest.raises(SystemExit, match="unknown advantage estimator"):
+    assert learning.algorithm_overrides("grpo") == [
+        "algo.policy_loss=ppo",
+        "algo.adv=grpo",
+        "algo.critic=model",
+    ]
+    assert learning.algorithm_overrides("bilevel_gae+starpo_s")[3:] == learning.STARPO_S
+    assert learning.algorithm_overrides("mpo") == ["algo.policy_loss=mpo", "algo.critic=state"]
+    with pytest.raises(SystemExit, match="unknown algorithm"):
         learning.algorithm_overrides("ppo2")
     with pytest.raises(SystemExit, match="modifier"):
         learning.algorithm_overrides("grpo+dapo")

@@ -55,6 +55,13 @@ def test_yaml_then_overrides_in_order(tmp_path):
         (["algo.critic=oracle"], "bad value for config key 'algo.critic': 'oracle' not in"),
         (["algo.adv=gae", "algo.critic=state"], "critic=state gives one value per turn"),
         (["rollout.random_start=1.5"], "rollout.random_start must lie in [0, 1]"),
+        (["algo.policy_loss=a2c"], "bad value for config key 'algo.policy_loss': 'a2c' not in"),
+        (["algo.policy_loss=mpo"], "policy_loss=mpo needs Q(s, a) of every action: set algo.critic=state"),
+        (
+            ["algo.policy_loss=mpo", "algo.critic=state", "env.max_actions_per_turn=2"],
+            "policy_loss=mpo grades one action per turn",
+        ),
+        (["env.instructions=short"], "env.instructions must be one of"),
         (["trainer.steps"], "override 'trainer.steps' must look like key=value"),
     ],
 )

@@ -140,6 +140,39 @@ def test_instructions_in_system_leave_every_message_an_observation():
     assert np.array_equal(obs.images[0], moved.images[0])
 
 
+def test_brief_instructions_are_one_sentence_and_the_whole_system_prompt():
+    lang = sokoban("no_think", instructions_in_system=True, instructions="brief")
+    obs, _ = lang.reset(seed=0, options={"level": LEVEL})
+    assert lang.system_prompt == (
+        "You are playing Sokoban. Actions: Up, Down, Left, Right. "
+        "Reply only with your actions inside <answer></answer>."
+    )
+    assert obs.text == f"Current observation:\n{IMAGE_PLACEHOLDER}"
+    in_message = sokoban("no_think", instructions="brief")
+    first, _ = in_message.reset(seed=0, options={"level": LEVEL})
+    assert first.text.startswith(lang.system_prompt) and in_message.system_prompt != lang.system_prompt
+    with pytest.raises(ValueError, match="instructions must be one of"):
+        sokoban("no_think", instructions="terse")
+
+
+@pytest.mark.parametrize(
+    ("reply", "prompt_format", "starts"),
+    [
+        ("<answer>Down</answer>", "no_think", [8]),
+        ("  <answer> left , Up</answer>", "no_think", [11, 18]),
+        ("<answer>Up||Right</answer>", "no_think", [8, 12]),
+        ("<answer>Up|| down ,Left</answer>", "no_think", [8, 13, 19]),
+        ("<think>go Down</think><answer>Right, Jump, Down</answer>", "free_think", [30]),
+    ],
+)
+def test_action_starts_point_at_each_valid_action_name(reply, prompt_format, starts):
+    parsed = parse_reply(reply, prompt_format, ("Up", "Down", "Left", "Right"), max_actions=3)
+    assert parsed.action_starts == starts
+    assert [reply[s : s + len(a)].lower() for s, a in zip(starts, parsed.actions, strict=True)] == [
+        a.lower() for a in parsed.actions
+    ]
+
+
 def test_text_mode_replaces_the_image_by_the_grid():
     lang = sokoban("no_think", text_only=True)
     obs, _ = lang.reset(options={"level": LEVEL})

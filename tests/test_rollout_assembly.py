@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from envs_visual.language import parse_reply
 from vagen.models.loading import load_processor
-from vagen.rollout.assembly import ChatCodec, EpisodeAssembler
+from vagen.rollout.assembly import ChatCodec, EpisodeAssembler, action_token_ids
 from vagen.rollout.batch import EpisodeRecord, build_batch
 
 # The template Qwen2.5-VL checkpoints ship (a copy of ../shared/data/qwen2_5_vl_chat_template.jinja).
@@ -206,3 +207,26 @@ def test_history_rewriting_template_falls_back_to_new_rows(processor):
         assert torch.equal(batch.input_ids[row][: len(prompt)], torch.tensor(prompt))
         assert "secret" not in codec.decode(prompt)  # history without <think>, as the template renders it
     assert batch.loss_mask.sum() == 3 * (len(replies[0]) + 1)
+
+
+def test_action_token_marks_the_token_where_the_executed_action_starts(codec):
+    """The think text also says 'Down'; only the answer's action token is marked, and it is one of the
+    action tokens the mpo update reads its policy at."""
+    names = ("Up", "Down", "Left", "Right")
+    tokens = action_token_ids(codec, names)
+    assert len(set(tokens)) == 4
+    assembler = EpisodeAssembler(codec, "Play.", None, False)
+    assembler.commit(assembler.prepare("<image> Next?", [image(0)]))
+    sampled = reply_ids(codec, "go Down", "Left") + codec.stop_token_ids
+    reply = assembler.add_reply(sampled, [-0.5] * len(sampled), True)
+    parse = parse_reply(reply, "free_think", names, 1)
+    assembler.finish_turn(1.0, parse.spans, "all", "all", action_char=parse.action_starts[0])
+    row = build_batch([assembler.segments], [EpisodeRecord(0, 0, 0, 0)], codec.pad_token_id)
+    marked = row.action_token[0].nonzero().flatten().tolist()
+    assert len(marked) == 1 and row.input_ids[0, marked[0]].item() == tokens[names.index("Left")]
+    assert row.loss_mask[0, marked[0]] and row.token_turn[0, marked[0]] == 0
+
+
+def test_action_tokens_must_be_distinct(codec):
+    with pytest.raises(ValueError, match="distinct tokens"):
+        action_token_ids(codec, ("Down", "Downstairs"))

@@ -23,6 +23,7 @@ def synthetic_batch(adv_mask, turn_end, episode_ids, segment_ids, images_per_row
         token_rewards=rewards,
         rollout_logprobs=torch.zeros(rows, length),
         token_turn=torch.full((rows, length), -1),
+        action_token=torch.zeros(rows, length, dtype=torch.bool),
         group_ids=episode_ids // 2,
         episode_ids=episode_ids,
         segment_ids=segment_ids,

@@ -271,3 +271,75 @@ def test_one_update_raises_the_better_episodes_tokens_and_lowers_the_worse():
 
     assert mean_logp(after, 0) > mean_logp(scores, 0)
     assert mean_logp(after, 1) < mean_logp(scores, 1)
+
+
+MPO = {
+    "algo.policy_loss": "mpo", "algo.critic": "state", "algo.gamma": 0.9, "env.prompt_format": "no_think",
+    "env.max_actions_per_turn": 1, "env.instructions": "brief", "env.instructions_in_system": True,
+    "rollout.window": 0, "rollout.max_new_tokens": 8,
+}  # fmt: skip
+
+
+def test_two_step_mpo_run(tmp_path):
+    summary = train(load_config(REPO / "configs/frozenlake_tiny.yaml", tiny_overrides(tmp_path, **MPO)))
+    lines = read_metrics(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in lines] == [0, 1, 2]
+    for m in lines[1:]:
+        assert all(math.isfinite(v) for v in m.values())
+        assert {"actor/mpo_loss", "critic/q_mean", "critic/vf_loss", "train/acting_turn_share"} <= set(m)
+        assert "actor/pg_loss" not in m and "actor/clipfrac" not in m
+    documented = (REPO / "docs" / "metrics.md").read_text()
+    assert not {k for m in lines for k in m if k != "step" and f"`{k}`" not in documented}
+    final = tmp_path / "checkpoints" / "step_000002" / "state_critic" / "model.safetensors"
+    from safetensors.torch import load_file
+
+    assert load_file(final)["mlp.4.weight"].shape[0] == 4  # Q(s, .) of the four FrozenLake actions
+    assert summary["steps"] == 2
+
+
+def test_one_mpo_update_raises_the_better_action_even_where_another_was_sampled():
+    """Every turn sampled Down; the critic says Right is worth more. A sampled policy gradient could only
+    move Down's probability; the all-action target raises Right's at every action token."""
+    from test_rollout_manager import ScriptedEngine
+
+    from vagen.action_targets import action_turns, mpo_plan, rollout_policy
+    from vagen.config import derived_sizes
+    from vagen.metrics import MetricAccumulator
+    from vagen.rollout.manager import RolloutManager
+    from vagen.trainer import build_models, score, update
+
+    _, world = init_distributed()
+    overrides = tiny_overrides(REPO / "runs" / "unused", **MPO) + ["algo.mini_batches=1", "algo.kl_coef=0"]
+    cfg = load_config(REPO / "configs/frozenlake_tiny.yaml", overrides)
+    sizes = derived_sizes(cfg, world)
+    models = build_models(cfg, sizes)
+    engine = ScriptedEngine(models.processor.tokenizer, ["<answer>Down</answer>"])
+    manager = RolloutManager(cfg.env, cfg.rollout, engine, models.processor)
+    batch = manager.collect(manager.seeds.next_train(2, 2))
+    scores = score(models, batch, cfg)
+    turns = action_turns(batch, models.action_tokens)
+    probs = rollout_policy(turns, scores.action_logp, 4)  # (N, 4) over Up, Down, Left, Right
+    q = torch.zeros_like(probs)
+    q[:, 3] = 5.0
+    plan = mpo_plan(batch.input_ids.shape, turns, probs, q, eta=1.0, uniform_mix=0.1)
+    assert len(turns.acted) == len(turns.states) and (turns.actions == 1).all()
+    pad_row = batch.select([0])
+    stats = MetricAccumulator()
+    update(
+        models,
+        batch,
+        scores,
+        plan.advantages,
+        None,
+        pad_row,
+        cfg,
+        sizes,
+        torch.Generator(),
+        stats,
+        plan.targets,
+    )
+    after = rollout_policy(turns, score(models, batch, cfg).action_logp, 4)
+    assert (after[:, 3] > probs[:, 3]).all() and (
+        after[:, 1] < probs[:, 1]
+    ).all()  # measured: Right 0.26 -> 0.69
+    assert after[:, 3].mean() > 0.5

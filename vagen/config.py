@@ -27,6 +27,7 @@ ALARM_POLICIES = ("warn", "stop", "rollback")
 DTYPES = ("float32", "bfloat16")
 CRITIC_KINDS = ("model", "state")
 TURN_LEVEL_ESTIMATORS = ("turn_gae", "bilevel_gae")  # credit over turns: a value per turn suffices
+POLICY_UPDATES = ("ppo", "mpo")
 
 
 class ConfigError(ValueError):
@@ -98,7 +99,16 @@ class AlgoConfig:
         default="gae",
         metadata={"help": "advantage estimator: gae | turn_gae | bilevel_gae | grpo | rloo | gigpo"},
     )
-    gamma: float = field(default=1.0, metadata={"help": "discount of gae and turn_gae"})
+    policy_loss: str = field(
+        default="ppo",
+        metadata={
+            "help": "ppo: PPO's clipped surrogate on each sampled token's advantage (algo.adv) | mpo: at "
+            "each turn's action token, cross-entropy to pi_old * exp((Q - V) / mpo_eta) over ALL actions, "
+            "from a privileged Q(s, a) critic (critic=state; algo.adv unused; one action per turn), "
+            "vagen/algo/mpo.py"
+        },
+    )
+    gamma: float = field(default=1.0, metadata={"help": "discount of gae, turn_gae and mpo's Q"})
     lam: float = field(default=1.0, metadata={"help": "GAE lambda of gae and turn_gae"})
     gamma_turn: float = field(default=0.95, metadata={"help": "bilevel_gae: discount between turns"})
     lam_turn: float = field(default=1.0, metadata={"help": "bilevel_gae: lambda between turns"})
@@ -142,6 +152,12 @@ class AlgoConfig:
     )
     state_critic_max_bytes: int = field(
         default=256, metadata={"help": "critic=state: longest state string (UTF-8 bytes) it reads"}
+    )
+    mpo_eta: float = field(
+        default=1.0, metadata={"help": "mpo: temperature of exp((Q - V) / eta), in reward units"}
+    )
+    mpo_uniform_mix: float = field(
+        default=0.1, metadata={"help": "mpo: share of the uniform policy mixed into pi_old in the target"}
     )
     filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "StarPO-S group filter"})
 
@@ -351,9 +367,31 @@ def validate(cfg: RunConfig) -> None:
     )
     _require(algo.critic in CRITIC_KINDS, "algo.critic", f"'{algo.critic}' not in {CRITIC_KINDS}")
     _require(
-        algo.critic == "model" or algo.adv in TURN_LEVEL_ESTIMATORS,
+        algo.policy_loss in POLICY_UPDATES,
+        "algo.policy_loss",
+        f"'{algo.policy_loss}' not in {POLICY_UPDATES}",
+    )
+    mpo = algo.policy_loss == "mpo"
+    _require(
+        algo.critic == "model" or algo.adv in TURN_LEVEL_ESTIMATORS or mpo,
         "algo.critic",
         f"critic=state gives one value per turn; use it with {TURN_LEVEL_ESTIMATORS}, not '{algo.adv}'",
+    )
+    _require(
+        not mpo or algo.critic == "state",
+        "algo.critic",
+        "policy_loss=mpo needs Q(s, a) of every action: set algo.critic=state",
+    )
+    _require(
+        not mpo or cfg.env.max_actions_per_turn == 1,
+        "env.max_actions_per_turn",
+        f"policy_loss=mpo grades one action per turn: set it to 1, not {cfg.env.max_actions_per_turn}",
+    )
+    _require(algo.mpo_eta > 0.0, "algo.mpo_eta", f"must be > 0, got {algo.mpo_eta}")
+    _require(
+        0.0 <= algo.mpo_uniform_mix < 1.0,
+        "algo.mpo_uniform_mix",
+        f"must lie in [0, 1), got {algo.mpo_uniform_mix}",
     )
     _require(algo.state_critic_steps >= 1, "algo.state_critic_steps", "must be >= 1")
     _require(algo.state_critic_max_bytes >= 1, "algo.state_critic_max_bytes", "must be >= 1")
@@ -400,8 +438,8 @@ def validate(cfg: RunConfig) -> None:
 
 
 def needs_critic(cfg: RunConfig) -> bool:
-    """Critic-based estimators (GAE family) train a value model; group-based ones do not."""
-    return ADVANTAGE_ESTIMATORS[cfg.algo.adv].uses_critic
+    """Critic-based estimators (GAE family) and the mpo update train a critic; group-based ones do not."""
+    return cfg.algo.policy_loss == "mpo" or ADVANTAGE_ESTIMATORS[cfg.algo.adv].uses_critic
 
 
 @dataclass

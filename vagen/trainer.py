@@ -19,6 +19,7 @@ import os
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,14 @@ from deepspeed.utils import safe_get_full_grad, safe_set_full_grad
 
 from envs_visual.language import PROMPT_FORMATS
 from vagen import checkpoint
+from vagen.action_targets import (
+    MpoPlan,
+    action_target_mask,
+    action_turns,
+    mpo_plan,
+    rollout_policy,
+    sarsa_regression,
+)
 from vagen.algo import (
     ADVANTAGE_ESTIMATORS,
     GROUP_FILTERS,
@@ -45,6 +54,7 @@ from vagen.algo import (
     ppo_policy_loss,
     value_loss,
 )
+from vagen.algo.mpo import action_target_loss
 from vagen.config import ConfigError, DerivedSizes, RunConfig, as_dict, derived_sizes, needs_critic, to_yaml
 from vagen.metrics import (
     Alarms,
@@ -57,13 +67,14 @@ from vagen.metrics import (
     with_explained_variance,
 )
 from vagen.models.loading import ValueModel, load_policy, tokenizer_of
-from vagen.models.scoring import token_logprobs, token_values
+from vagen.models.scoring import token_and_candidate_logprobs, token_logprobs, token_values
 from vagen.models.state_critic import StateCritic
 from vagen.report import end_of_run_report
+from vagen.rollout.assembly import ChatCodec, action_token_ids
 from vagen.rollout.batch import RolloutBatch
 from vagen.rollout.engines.base import make_engine
 from vagen.rollout.evaluate import wilson_interval
-from vagen.rollout.manager import RolloutManager
+from vagen.rollout.manager import RolloutManager, make_language_env, read_chat_template
 from vagen.sft import warm_start_model
 from vagen.viz.html import write_step_page
 
@@ -160,8 +171,9 @@ class Models:
     reference: torch.nn.Module | None  # frozen policy; None without KL, or under LoRA (adapter off)
     processor: Any
     generation: Any  # GenerationEngine
-    state_critic: StateCritic | None = None  # algo.critic=state: V(s) from the env's text state
+    state_critic: StateCritic | None = None  # critic=state: V(s) (mpo: Q(s, .)) from the env's text state
     state_critic_optim: torch.optim.Optimizer | None = None
+    action_tokens: torch.Tensor | None = None  # policy_loss=mpo: (K,) the token of each action name
 
 
 def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
@@ -182,9 +194,13 @@ def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
             lora["target_modules"] = list(m.lora.target_modules)
     policy, processor = load_policy(start, gradient_checkpointing=m.gradient_checkpointing, lora=lora, **load)
     actor = make_deepspeed_engine(policy, cfg.optim.actor_lr, cfg, sizes)
-    critic = state_critic = state_critic_optim = None
+    critic = state_critic = state_critic_optim = action_tokens = None
+    if cfg.algo.policy_loss == "mpo":
+        codec = ChatCodec(processor, read_chat_template(cfg.rollout.chat_template))
+        action_tokens = torch.tensor(action_token_ids(codec, make_language_env(cfg.env).action_names))
     if needs_critic(cfg) and cfg.algo.critic == "state":
-        state_critic = StateCritic(cfg.algo.state_critic_max_bytes).to(comm_device())
+        outputs = 1 if action_tokens is None else len(action_tokens)  # mpo: Q(s, a) of every action
+        state_critic = StateCritic(cfg.algo.state_critic_max_bytes, outputs=outputs).to(comm_device())
         for p in state_critic.parameters():  # ranks seed differently: start from rank 0's weights
             dist.broadcast(p.data, src=0)
         state_critic_optim = torch.optim.AdamW(
@@ -201,7 +217,9 @@ def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
         reference.to(comm_device()).eval().requires_grad_(False)
     # vLLM keeps its own copy of the weights (synced after every update) and sizes its budgets up front
     generation = make_engine(cfg.rollout.engine, actor.module, processor, **cfg.rollout.engine_options())
-    return Models(actor, critic, reference, processor, generation, state_critic, state_critic_optim)
+    return Models(
+        actor, critic, reference, processor, generation, state_critic, state_critic_optim, action_tokens
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,12 +235,13 @@ def rollout_share(manager: RolloutManager, cfg: RunConfig, rank: int, world: int
 
 @dataclass
 class Scores:
-    """Per-token scores of a batch's rows, (B, L) float32 each."""
+    """Per-token scores of a batch's rows, (B, L) float32 each ((B, L, K) for the action log-probs)."""
 
     old_logp: torch.Tensor  # actor at rollout time
     entropy: torch.Tensor  # actor's entropy at rollout time
     ref_logp: torch.Tensor | None  # frozen reference
-    values: torch.Tensor | None  # critic
+    values: torch.Tensor | None  # critic (mpo: none, its Q is per turn)
+    action_logp: torch.Tensor | None = None  # mpo: (B, L, K) actor's log-probs of every action token
 
     def select(self, rows: torch.Tensor) -> "Scores":
         return Scores(*(None if t is None else t[rows] for t in vars(self).values()))
@@ -232,7 +251,10 @@ class Scores:
 def score(models: Models, batch: RolloutBatch, cfg: RunConfig) -> Scores:
     args = (batch.input_ids, batch.attention_mask, batch.vision, cfg.trainer.score_micro_batch_size)
     temperature = cfg.rollout.temperature  # the distribution the tokens were sampled from
-    old_logp, entropy = token_logprobs(models.actor.module, *args, with_entropy=True, temperature=temperature)
+    old_logp, entropy, action_logp = token_and_candidate_logprobs(
+        models.actor.module, *args, with_entropy=True, temperature=temperature,
+        candidates=models.action_tokens, at=batch.action_token,
+    )  # fmt: skip
     ref_logp = None
     if models.reference is not None:
         ref_logp, _ = token_logprobs(models.reference, *args, with_entropy=False, temperature=temperature)
@@ -244,9 +266,9 @@ def score(models: Models, batch: RolloutBatch, cfg: RunConfig) -> Scores:
     values = None
     if models.critic is not None:
         values = token_values(models.critic.module, *args)
-    elif models.state_critic is not None:
+    elif models.state_critic is not None and cfg.algo.policy_loss != "mpo":
         values = state_values(models.state_critic, batch)
-    return Scores(old_logp, entropy, ref_logp, values)
+    return Scores(old_logp, entropy, ref_logp, values, action_logp)
 
 
 def turn_states(batch: RolloutBatch) -> tuple[list[str], torch.Tensor]:
@@ -270,37 +292,53 @@ def state_values(critic: StateCritic, batch: RolloutBatch) -> torch.Tensor:
     return batch.view.scatter(packed, like=batch.token_rewards)
 
 
-def fit_state_critic(
-    models: Models, batch: RolloutBatch, returns: torch.Tensor, cfg: RunConfig, stats: MetricAccumulator
-) -> None:
-    """`algo.state_critic_steps` full-batch steps of 0.5 (V(s_t) - R_t)^2 on every turn of every rank.
+def return_regression(
+    batch: RolloutBatch, returns: torch.Tensor
+) -> tuple[list[str], Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:
+    """The V-critic's regression: every turn's state, and (V(s_t), R_t) given the critic's values, R_t
+    the estimator's return at the turn's end."""
+    if not len(batch):  # the filter may leave a rank without episodes; it still joins every reduction
+        return [], lambda values: (values, values.new_zeros(0))
+    states, turn_end = turn_states(batch)
+    per_turn, valid = gather_turns(batch.view.gather(returns), turn_end)
+    targets = per_turn[valid].float().to(comm_device())
+    return states, lambda values: (values, targets)
 
-    R_t = the estimator's return at turn t's end. Gradients are summed over ranks (named reduction),
-    divided by the global turn count, so every rank applies the same step.
+
+def fit_state_critic(
+    models: Models,
+    states: list[str],
+    regression: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    cfg: RunConfig,
+    stats: MetricAccumulator,
+) -> None:
+    """`algo.state_critic_steps` full-batch steps of 0.5 (prediction - target)^2 on every rank, where
+    `regression` maps the critic's outputs on `states` ((N,) V, or (N, K) Q) to (predictions, targets).
+
+    Gradients are summed over ranks (named reduction), divided by the global count of predictions, so
+    every rank applies the same step.
     """
     critic, optim = models.state_critic, models.state_critic_optim
-    states: list[str] = []
-    targets = torch.zeros(0, device=comm_device())
-    if len(batch):  # the filter may leave a rank without episodes; it still joins every reduction
-        states, turn_end = turn_states(batch)
-        per_turn, valid = gather_turns(batch.view.gather(returns), turn_end)
-        targets = per_turn[valid].float().to(comm_device())
-    count = max(global_sum(len(states)), 1.0)
     ids = critic.encode(states)  # the byte loop once, not once per step
-    before = torch.zeros_like(targets)
+    count = None
     for step in range(cfg.algo.state_critic_steps):
         optim.zero_grad()
-        predicted = critic.values(ids)
+        predicted, targets = regression(critic.values(ids))
         if step == 0:  # the values the advantages used (the critic has not moved since scoring)
-            before = predicted.detach()
+            before, first_targets = predicted.detach(), targets
+            count = max(global_sum(len(targets)), 1.0)
         loss = 0.5 * (predicted - targets).pow(2).sum() / count
         loss.backward()
         for p in critic.parameters():
             dist.all_reduce(p.grad)  # named reduction: SUM of each rank's share of the mean loss
         optim.step()
-    stats.add("critic/vf_loss", 0.5 * (before - targets).pow(2).mean().item() if states else 0.0, len(states))
-    ones = torch.ones_like(targets, dtype=torch.bool)
-    add_value_moments(stats, before, targets, ones)  # explained variance of the values the advantages used
+    stats.add(
+        "critic/vf_loss",
+        0.5 * (before - first_targets).pow(2).mean().item() if len(before) else 0.0,
+        len(before),
+    )
+    ones = torch.ones_like(first_targets, dtype=torch.bool)
+    add_value_moments(stats, before, first_targets, ones)  # explained variance before this fit
 
 
 def filter_groups(batch: RolloutBatch, cfg: RunConfig, world: int) -> tuple[torch.Tensor, int, int]:
@@ -362,6 +400,24 @@ def advantages(
     if algo.whiten_advantages:
         adv = whiten_all_ranks(adv, batch.loss_mask)
     return adv, returns
+
+
+def mpo_update_plan(
+    models: Models, batch: RolloutBatch, scores: Scores, cfg: RunConfig, stats: MetricAccumulator
+) -> MpoPlan:
+    """policy_loss=mpo: refit the Q-critic on this batch (expected SARSA under the rollout policy), then
+    the improved policy at every action token from its Q (MPO fits the critic before the policy)."""
+    algo, critic = cfg.algo, models.state_critic
+    turns = action_turns(batch, models.action_tokens)
+    probs = rollout_policy(turns, scores.action_logp, len(models.action_tokens))  # (N, K)
+    fit_state_critic(models, turns.states, sarsa_regression(turns, probs, algo.gamma), cfg, stats)
+    with torch.no_grad():
+        q = critic(turns.states).float() if turns.states else probs.new_zeros(probs.shape)  # (N, K)
+    stats.add("critic/q_mean", q.mean().item() if len(q) else 0.0, len(q))
+    stats.add("train/acting_turn_share", len(turns.acted) / max(len(turns.states), 1), len(turns.states))
+    return mpo_plan(
+        batch.input_ids.shape, turns, probs, q.to(probs.device), algo.mpo_eta, algo.mpo_uniform_mix
+    )
 
 
 def whiten_all_ranks(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
@@ -460,7 +516,8 @@ class MicroBatch:
     scores: Scores | None  # None for a zero-weight padding pass
     adv: torch.Tensor | None  # (b, l)
     returns: torch.Tensor | None  # (b, l)
-    policy_weight: float  # scale of the policy-loss term (by its aggregation)
+    targets: torch.Tensor | None  # mpo: (b, l, K) q(.|s) at the action tokens
+    policy_weight: float  # scale of the policy-loss term (by its aggregation; mpo: share of action tokens)
     token_weight: float  # scale of token-mean terms (entropy, KL) of the actor
     value_weight: float  # scale of the critic's token-mean loss
 
@@ -470,19 +527,44 @@ def trimmed(x: torch.Tensor | None, length: int) -> torch.Tensor | None:
 
 
 def actor_loss(models: Models, mb: MicroBatch, cfg: RunConfig, stats: MetricAccumulator) -> torch.Tensor:
-    """PPO clipped surrogate (+ KL to the reference, - entropy bonus), weighted for accumulation."""
+    """PPO clipped surrogate, or mpo's action-target cross-entropy (+ KL to the reference, - entropy
+    bonus), weighted for accumulation."""
     algo, part = cfg.algo, mb.part
-    logp, entropy = token_logprobs(
+    mpo = algo.policy_loss == "mpo"
+    logp, entropy, action_logp = token_and_candidate_logprobs(
         models.actor.module, part.input_ids, part.attention_mask, part.vision, micro_batch_size=len(part),
         with_entropy=algo.entropy_coef > 0, temperature=cfg.rollout.temperature,
+        candidates=models.action_tokens if mpo else None, at=part.action_token,
     )  # fmt: skip
     if mb.scores is None:  # zero-weight pass: a finite loss that reaches every weight
         return 0.0 * logp.sum()
     mask = part.loss_mask
+    if mpo:
+        acting = action_target_mask(mb.targets)  # (b, l)
+        loss = action_target_loss(action_logp[acting], mb.targets[acting]) * mb.policy_weight
+        stats.add("actor/mpo_loss", loss.item() / max(mb.policy_weight, 1e-12), int(acting.sum()))
+        log_ratio = torch.where(mask, logp - mb.scores.old_logp, 0.0).detach()  # k3 estimate, as PPO's stats
+        approx_kl = masked_mean(log_ratio.exp() - 1 - log_ratio, mask).item()
+        stats.add("actor/approx_kl", approx_kl, mask.sum().item())
+        # the KL anchor holds the reply's other tokens (its format); the action is the target's to set
+        return loss + kl_and_entropy_terms(logp, entropy, mb, cfg, mask & ~acting)
     pg_loss, pg = ppo_policy_loss(
         logp, mb.scores.old_logp, mb.adv, mask, algo.clip_low, algo.clip_high, algo.dual_clip, algo.loss_agg
     )
-    loss = pg_loss * mb.policy_weight
+    tokens = mask.sum().item()
+    stats.add("actor/pg_loss", pg_loss.item(), tokens)
+    stats.add("actor/clipfrac", (pg.clip_frac_upper + pg.clip_frac_lower).item(), tokens)
+    stats.add("actor/approx_kl", pg.approx_kl.item(), tokens)
+    return pg_loss * mb.policy_weight + kl_and_entropy_terms(logp, entropy, mb, cfg, mask)
+
+
+def kl_and_entropy_terms(
+    logp: torch.Tensor, entropy: torch.Tensor | None, mb: MicroBatch, cfg: RunConfig, mask: torch.Tensor
+) -> torch.Tensor:
+    """- entropy bonus + KL(actor || reference) over `mask` (B, L), weighted for accumulation (as
+    token means over the loss mask: `mb.token_weight`)."""
+    algo = cfg.algo
+    loss = logp.new_zeros(())
     if algo.entropy_coef > 0:
         loss = loss - algo.entropy_coef * masked_mean(entropy, mask) * mb.token_weight
     if mb.scores.ref_logp is not None and not algo.kl_in_reward:
@@ -490,10 +572,6 @@ def actor_loss(models: Models, mb: MicroBatch, cfg: RunConfig, stats: MetricAccu
             loss
             + algo.kl_coef * masked_mean(kl(logp, mb.scores.ref_logp, algo.kl_kind), mask) * mb.token_weight
         )
-    tokens = mask.sum().item()
-    stats.add("actor/pg_loss", pg_loss.item(), tokens)
-    stats.add("actor/clipfrac", (pg.clip_frac_upper + pg.clip_frac_lower).item(), tokens)
-    stats.add("actor/approx_kl", pg.approx_kl.item(), tokens)
     return loss
 
 
@@ -526,10 +604,12 @@ def backward_and_step(
 
 def mini_batch_plan(
     batch: RolloutBatch, mini: torch.Tensor, scores: Scores, adv: torch.Tensor, returns: torch.Tensor | None,
-    pad_row: RolloutBatch, cfg: RunConfig, sizes: DerivedSizes,
+    targets: torch.Tensor | None, pad_row: RolloutBatch, cfg: RunConfig, sizes: DerivedSizes,
 ) -> list[MicroBatch]:  # fmt: skip
     """The `micro_batches_per_step` micro-batches of one mini-batch (row indices `mini`) on this rank."""
     seq_agg = cfg.algo.loss_agg != "token-mean"
+    acting = action_target_mask(targets) if targets is not None else None  # mpo: (B, L)
+    action_tokens = global_sum(acting[mini].sum()) if acting is not None else 0.0
     tokens = global_sum(batch.loss_mask[mini].sum())
     seqs = global_sum(batch.loss_mask[mini].any(dim=1).sum())
     value_tokens = global_sum(batch.adv_mask[mini].sum())
@@ -538,7 +618,7 @@ def mini_batch_plan(
     plan = []
     for rows in micro_batches(mini, lengths, cfg.trainer.micro_batch_size, sizes.micro_batches_per_step):
         if not len(rows):
-            plan.append(MicroBatch(pad_row, None, None, None, 0.0, 0.0, 0.0))
+            plan.append(MicroBatch(pad_row, None, None, None, None, 0.0, 0.0, 0.0))
             continue
         length = int(lengths[rows].max())
         part = batch.select(rows)
@@ -553,17 +633,19 @@ def mini_batch_plan(
         )
         part_scores = Scores(*(trimmed(t, length) for t in vars(scores.select(rows)).values()))
         loss_mask = part.loss_mask
-        policy_share = (
-            loss_mask.any(dim=1).sum().item() / max(seqs, 1)
-            if seq_agg
-            else loss_mask.sum().item() / max(tokens, 1)
-        )
+        if acting is not None:
+            policy_share = acting[rows].sum().item() / max(action_tokens, 1)
+        elif seq_agg:
+            policy_share = loss_mask.any(dim=1).sum().item() / max(seqs, 1)
+        else:
+            policy_share = loss_mask.sum().item() / max(tokens, 1)
         plan.append(
             MicroBatch(
                 part=part,
                 scores=part_scores,
                 adv=adv[rows, :length],
                 returns=trimmed(returns[rows] if returns is not None else None, length),
+                targets=trimmed(targets[rows] if targets is not None else None, length),
                 policy_weight=scale * policy_share,
                 token_weight=scale * loss_mask.sum().item() / max(tokens, 1),
                 value_weight=scale * part.adv_mask.sum().item() / max(value_tokens, 1),
@@ -583,8 +665,10 @@ def update(
     sizes: DerivedSizes,
     generator: torch.Generator,
     stats: MetricAccumulator,
+    targets: torch.Tensor | None = None,
 ) -> tuple[int, int]:
-    """ppo_epochs x mini_batches optimizer steps of the actor (and critic), same count on every rank.
+    """ppo_epochs x mini_batches optimizer steps of the actor (and critic), same count on every rank;
+    `targets` (B, L, K): mpo's action targets.
 
     Returns (actor steps skipped by the gradient guard, real tokens processed on this rank).
     """
@@ -592,7 +676,7 @@ def update(
     for _ in range(cfg.algo.ppo_epochs):
         order = torch.randperm(len(batch), generator=generator)
         for mini in order.tensor_split(cfg.algo.mini_batches):
-            for mb in mini_batch_plan(batch, mini, scores, adv, returns, pad_row, cfg, sizes):
+            for mb in mini_batch_plan(batch, mini, scores, adv, returns, targets, pad_row, cfg, sizes):
                 real = int(mb.part.attention_mask.sum()) if mb.scores is not None else 0
                 processed += real
                 if mb.scores is not None:
@@ -724,7 +808,11 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             scores = score(models, batch, cfg)
             kept_rows, kept_groups, all_groups = filter_groups(batch, cfg, world)
             kept, kept_scores = batch.select(kept_rows), scores.select(kept_rows)
-            if len(kept):
+            plan = None  # mpo: the action targets, from a Q-critic refit on this batch first
+            if cfg.algo.policy_loss == "mpo":
+                plan = mpo_update_plan(models, kept, kept_scores, cfg, stats)
+                adv, returns = plan.advantages, None
+            elif len(kept):
                 adv, returns = advantages(kept, kept_scores, cfg)
             else:  # the filter dropped every group of this rank: it only runs zero-weight passes
                 adv, returns = torch.zeros_like(kept.token_rewards), torch.zeros_like(kept.token_rewards)
@@ -737,11 +825,12 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         logger.phase("update")
         start = time.perf_counter()
         generator = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + step * 1_009 + rank)
+        targets = plan.targets if plan is not None else None
         skipped, tokens = update(
-            models, kept, kept_scores, adv, returns, pad_row, cfg, sizes, generator, stats
+            models, kept, kept_scores, adv, returns, pad_row, cfg, sizes, generator, stats, targets
         )
-        if models.state_critic is not None:
-            fit_state_critic(models, kept, returns, cfg, stats)
+        if models.state_critic is not None and plan is None:
+            fit_state_critic(models, *return_regression(kept, returns), cfg, stats)
         state["skipped_steps"] += skipped
         timings["time/update_s"] = time.perf_counter() - start
         update_tokens = global_sum(tokens)

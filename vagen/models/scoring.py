@@ -68,9 +68,35 @@ def token_logprobs(
 
     `vision` holds the images of all rows in row order; each micro-batch gets its rows' images.
     """
+    logp, entropy, _ = token_and_candidate_logprobs(
+        model, input_ids, attention_mask, vision, micro_batch_size, with_entropy, temperature
+    )
+    return logp, entropy
+
+
+def token_and_candidate_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    vision: VisionInputs | None,
+    micro_batch_size: int,
+    with_entropy: bool,
+    temperature: float = 1.0,
+    candidates: torch.Tensor | None = None,
+    at: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """`token_logprobs`, and from the same forward pass the log-probs of K candidate tokens in place of
+    the token at each marked position: candidate_logp[b, i, k] = log softmax(z[b, i-1] / T)[candidates[k]]
+    where at[b, i] (B, L) bool, 0 elsewhere -> (B, L, K) float32.
+
+    This is the policy over a turn's alternatives (e.g. every action name) where it chose one of them.
+    """
     config = _unwrap_config(model)
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     entropy = torch.zeros_like(logp) if with_entropy else None
+    candidate_logp = None
+    if candidates is not None:
+        candidate_logp = torch.zeros((*input_ids.shape, len(candidates)), device=input_ids.device)
     for rows, ids, mask, row_vision in _micro_batches(
         config, input_ids, attention_mask, vision, micro_batch_size
     ):
@@ -82,7 +108,12 @@ def token_logprobs(
         logp[rows, 1:length] = chunk_logp * valid
         if with_entropy:
             entropy[rows, 1:length] = chunk_entropy * valid
-    return logp, entropy
+        if candidates is not None:
+            marked = at[rows, 1:length]  # (b, l - 1)
+            picked = logits[marked].float()  # (m, V): the logits each marked token was sampled from
+            normaliser = picked.logsumexp(dim=-1, keepdim=True)
+            candidate_logp[rows, 1:length][marked] = picked[:, candidates] - normaliser
+    return logp, entropy, candidate_logp
 
 
 def token_values(

@@ -7,7 +7,8 @@ policy's values long before a value head on a vision-language backbone has learn
 V(s_t) as the value of every token of turn t. The policy never reads the state.
 
 The state string is read as UTF-8 bytes at fixed positions (a grid keeps each cell at the same offset):
-byte embedding -> flatten -> MLP -> V. The last layer starts at zero, so V = 0 before any fit.
+byte embedding -> flatten -> MLP -> V (or Q(s, .) of every action). The last layer starts at zero, so
+the values are 0 before any fit.
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ PAD_BYTE = 256  # one past the byte values
 
 
 class StateCritic(nn.Module):
-    """V(s) for a list of state strings of at most `max_bytes` UTF-8 bytes each."""
+    """V(s) for a list of state strings of at most `max_bytes` UTF-8 bytes each; with `outputs` K > 1,
+    Q(s, a) of K actions instead (the mpo policy loss)."""
 
-    def __init__(self, max_bytes: int = 256, embed_dim: int = 8, hidden: int = 256) -> None:
+    def __init__(self, max_bytes: int = 256, embed_dim: int = 8, hidden: int = 256, outputs: int = 1) -> None:
         super().__init__()
         self.max_bytes = max_bytes
+        self.outputs = outputs
         self.embed = nn.Embedding(PAD_BYTE + 1, embed_dim)
         self.mlp = nn.Sequential(
             nn.Linear(max_bytes * embed_dim, hidden),
             nn.ReLU(),
             nn.Linear(hidden, hidden),
             nn.ReLU(),
-            nn.Linear(hidden, 1),
+            nn.Linear(hidden, outputs),
         )
         nn.init.zeros_(self.mlp[-1].weight)
         nn.init.zeros_(self.mlp[-1].bias)
@@ -49,9 +52,11 @@ class StateCritic(nn.Module):
         return ids.to(self.embed.weight.device)
 
     def values(self, ids: torch.Tensor) -> torch.Tensor:
-        """(N,) float32 values of encoded states (N, max_bytes): encode once, evaluate many times."""
-        return self.mlp(self.embed(ids).flatten(1)).squeeze(-1)  # embed: (N, max_bytes, embed_dim)
+        """(N,) float32 values of encoded states (N, max_bytes), (N, K) with K outputs: encode once,
+        evaluate many times."""
+        out = self.mlp(self.embed(ids).flatten(1))  # embed: (N, max_bytes, embed_dim); out (N, K)
+        return out.squeeze(-1) if self.outputs == 1 else out
 
     def forward(self, states: list[str]) -> torch.Tensor:
-        """(N,) float32 values."""
+        """(N,) float32 values, or (N, K)."""
         return self.values(self.encode(states))

@@ -112,6 +112,25 @@ class ChatCodec:
         return ends
 
 
+def action_token_ids(codec: ChatCodec, action_names: tuple[str, ...] | list[str]) -> list[int]:
+    """Per action name, the token that holds its first character in `<answer>{name}</answer>`: the
+    token a well-formed reply samples where it chooses that action (the tiny tokenizer merges it with
+    the tag's ">": `>Down`). Raises ValueError unless the K tokens are distinct, since a policy over
+    the actions is then read off one position."""
+    ids = []
+    for name in action_names:
+        reply = f"<answer>{name}</answer>"
+        token_ids = codec.tokenizer(reply, add_special_tokens=False)["input_ids"]
+        ends = codec.char_ends(token_ids)
+        ids.append(token_ids[next(i for i, end in enumerate(ends) if end > len("<answer>"))])
+    if len(set(ids)) != len(ids):
+        raise ValueError(
+            f"the action names {list(action_names)} do not start with distinct tokens after <answer> "
+            f"({[codec.decode([i]) for i in ids]}): a policy over them cannot be read off one position"
+        )
+    return ids
+
+
 def user_message(text: str, num_images: int, text_only: bool) -> dict:
     """A chat message from an observation whose text marks each image by IMAGE_PLACEHOLDER."""
     if text_only:
@@ -142,6 +161,7 @@ class Segment:
     turn_end: list[bool] = field(default_factory=list)
     rewards: list[float] = field(default_factory=list)
     token_turn: list[int] = field(default_factory=list)
+    action_token: list[bool] = field(default_factory=list)
 
     def append(
         self, text: str, token_ids: list[int], logprobs: list[float] | None = None, turn: int = -1
@@ -156,6 +176,7 @@ class Segment:
         self.turn_end += [False] * n
         self.rewards += [0.0] * n
         self.token_turn += [turn] * n
+        self.action_token += [False] * n
 
 
 @dataclass
@@ -269,8 +290,11 @@ class EpisodeAssembler:
         spans: dict[str, tuple[int, int]],
         loss_spans: str | list[str],
         adv_spans: str | list[str],
+        action_char: int | None = None,
     ) -> None:
-        """Set the masks of the last reply's tokens and put its reward at its turn end."""
+        """Set the masks of the last reply's tokens and put its reward at its turn end; with
+        `action_char` (the reply offset where the turn's first executed action name starts), mark the
+        token holding that character as the turn's action token."""
         turn, segment = self.last, self.segments[-1]
         start, end = turn.start, turn.start + len(turn.token_ids)
         loss = self._span_mask(turn, spans, loss_spans)
@@ -280,6 +304,9 @@ class EpisodeAssembler:
         segment.adv_mask[start:end] = adv
         segment.turn_end[end - 1] = True
         segment.rewards[end - 1] = float(reward)
+        if action_char is not None:
+            ends = self.codec.char_ends(turn.token_ids)
+            segment.action_token[start + next(i for i, e in enumerate(ends) if e > action_char)] = True
 
     def _span_mask(self, turn: SampledTurn, spans: dict[str, tuple[int, int]], selected) -> list[bool]:
         n = len(turn.token_ids)

@@ -111,6 +111,8 @@ class RolloutBatch:
     token_rewards:    (B, L) float32, each turn's reward at its turn end, 0 elsewhere
     rollout_logprobs: (B, L) float32, the engine's log-prob of each sampled token, 0 elsewhere
     token_turn:       (B, L) long, turn index (0-based) of the sampled tokens of this row, -1 elsewhere
+    action_token:     (B, L) bool, the sampled token where each turn's first executed action name starts
+                      (none in a turn that executed no action)
     group_ids:        (B,) long, group of the row's episode (same level within a group)
     episode_ids:      (B,) long, index of the row's episode in `episodes`, in [0, E)
     segment_ids:      (B,) long, position of the row among its episode's rows (turn order)
@@ -130,6 +132,7 @@ class RolloutBatch:
     token_rewards: torch.Tensor
     rollout_logprobs: torch.Tensor
     token_turn: torch.Tensor
+    action_token: torch.Tensor
     group_ids: torch.Tensor
     episode_ids: torch.Tensor
     segment_ids: torch.Tensor
@@ -218,6 +221,7 @@ def build_batch(
         token_rewards=stack("rewards", 0.0, torch.float32),
         rollout_logprobs=stack("logprobs", 0.0, torch.float32),
         token_turn=stack("token_turn", -1, torch.long),
+        action_token=stack("action_token", False, torch.bool),
         group_ids=torch.tensor([episodes[e].group for e in episode_of_row], dtype=torch.long),
         episode_ids=torch.tensor(episode_of_row, dtype=torch.long),
         segment_ids=torch.tensor([s for _, s, _ in rows], dtype=torch.long),

@@ -4,6 +4,8 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs_visual.language import INSTRUCTION_STYLES
+
 SPAN_NAMES = ("think", "observation", "reasoning", "prediction", "answer")
 
 
@@ -35,6 +37,14 @@ class EnvConfig:
             "Sokoban's floor is ' ', so use e.g. '|' there)"
         },
     )
+    instructions: str = field(
+        default="full",
+        metadata={
+            "help": "full (rules, legend, actions, reply format, an example) | brief (one sentence: the "
+            "game, the actions, the reply format; with instructions_in_system it is the whole system "
+            "prompt): ~5x fewer prompt tokens, for models that cannot read English, like the tiny ones"
+        },
+    )
     instructions_in_system: bool = field(
         default=False,
         metadata={
@@ -56,6 +66,11 @@ class EnvConfig:
     template_score_threshold: float = field(
         default=0.5, metadata={"help": "a repeated description scoring below this F1 is penalised"}
     )
+
+    def __post_init__(self) -> None:
+        if self.instructions not in INSTRUCTION_STYLES:
+            styles, got = INSTRUCTION_STYLES, self.instructions
+            raise ValueError(f"env.instructions must be one of {styles}, got {got!r}")
 
 
 @dataclass

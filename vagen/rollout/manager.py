@@ -37,6 +37,7 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
         text_only=cfg.text_only,
         cell_separator=cfg.cell_separator,
         instructions_in_system=cfg.instructions_in_system,
+        instructions=cfg.instructions,
     )
 
 
@@ -253,7 +254,8 @@ class RolloutManager:
         reward = float(env_reward) + reasoning.reward
         timings["reward"] += time.perf_counter() - start
         start = time.perf_counter()
-        assembler.finish_turn(reward, parse.spans, self.cfg.loss_spans, self.cfg.adv_spans)
+        action_char = parse.action_starts[0] if info["actions_executed"] else None
+        assembler.finish_turn(reward, parse.spans, self.cfg.loss_spans, self.cfg.adv_spans, action_char)
         timings["assemble"] += time.perf_counter() - start
         record = episode.record
         record.turns.append(

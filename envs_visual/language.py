@@ -77,6 +77,7 @@ class Observation:
     text: str  # message text; each image is marked by IMAGE_PLACEHOLDER
     images: list[np.ndarray]  # uint8 (H, W, 3), one per placeholder, in order (empty in text mode)
     state: str  # the env's text grid of the current state, shown or not: an exact key of the state
+    features: np.ndarray | None = None  # the env's state_features() one-hots, if it has them (never shown)
 
 
 @dataclass
@@ -152,7 +153,9 @@ class LanguageEnv:
 
     The task instructions (rules, legend, actions, reply format, an example) open the first message, or,
     with `instructions_in_system`, close the system prompt: every message is then just an observation,
-    and a context that drops earlier turns (rollout.window) still holds the whole task.
+    and a context that drops earlier turns (rollout.window) still holds the whole task. Each later
+    message opens with what the last reply did ("Executed actions: Up."), unless `action_feedback` is
+    False: then it is the current observation alone, as the first one is.
     """
 
     def __init__(
@@ -166,6 +169,7 @@ class LanguageEnv:
         cell_separator: str = "",
         instructions_in_system: bool = False,
         instructions: str = "full",
+        action_feedback: bool = True,
     ):
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"prompt_format must be one of {sorted(PROMPT_FORMATS)}, got {prompt_format!r}")
@@ -187,6 +191,7 @@ class LanguageEnv:
         self.action_names: tuple[str, ...] = tuple(env.unwrapped.action_names)
         self.instructions_in_system = instructions_in_system
         self.instruction_style = instructions
+        self.action_feedback = action_feedback
         in_system = (
             self.instructions() if instructions == "brief" else f"{SYSTEM_PROMPT}\n\n{self.instructions()}"
         )
@@ -199,7 +204,7 @@ class LanguageEnv:
         self._last_obs, self._last_info = obs, info
         lines = [] if self.instructions_in_system else [self.instructions()]
         lines.append(f"Current observation:\n{self._placeholder(obs)}")
-        return Observation("\n".join(lines), self._images(obs), obs["text"]), info
+        return Observation("\n".join(lines), self._images(obs), obs["text"], self._features()), info
 
     def instructions(self) -> str:
         """The task: the game's rules and legend, the actions, the reply format and an example (or, brief,
@@ -273,16 +278,24 @@ class LanguageEnv:
         return f"<think>{inner}</think>{answer}"
 
     def _turn_message(self, executed: list[str], parse: ParseResult) -> Observation:
-        if executed:
+        if not self.action_feedback:
+            lines = []
+        elif executed:
             lines = [f"Executed actions: {', '.join(executed)}."]
         elif parse.texts:
             lines = ["No action was executed: the answer held no valid action."]
         else:
             lines = ["No action was executed: the reply did not follow the required format."]
-        if parse.num_invalid:
+        if parse.num_invalid and self.action_feedback:
             lines.append(f"{parse.num_invalid} invalid or extra action(s) were ignored.")
         lines.append(f"Current observation:\n{self._placeholder(self._last_obs)}")
-        return Observation("\n".join(lines), self._images(self._last_obs), self._last_obs["text"])
+        return Observation(
+            "\n".join(lines), self._images(self._last_obs), self._last_obs["text"], self._features()
+        )
+
+    def _features(self) -> np.ndarray | None:
+        state_features = getattr(self.env.unwrapped, "state_features", None)
+        return None if state_features is None else state_features()
 
     def _placeholder(self, obs: dict[str, Any]) -> str:
         return separate_cells(obs["text"], self.cell_separator) if self.text_only else IMAGE_PLACEHOLDER

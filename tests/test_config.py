@@ -62,6 +62,7 @@ def test_yaml_then_overrides_in_order(tmp_path):
             "policy_loss=mpo grades one action per turn",
         ),
         (["env.instructions=short"], "env.instructions must be one of"),
+        (["algo.state_critic_input=pixels"], "'algo.state_critic_input': must be one of ('text', 'feat"),
         (["trainer.steps"], "override 'trainer.steps' must look like key=value"),
     ],
 )

@@ -83,6 +83,15 @@ def test_observation_text_image_and_facts():
     assert terminated and reward == 1 and info["success"] and obs["text"] == "SFH\nHFF\nFFP"
 
 
+def test_state_features_are_tile_planes_then_the_player():
+    env = make(size=2)
+    env.reset(options={"map": ["SH", "FG"]})
+    env.step(1)  # Down
+    ice, hole, goal = [1, 0, 0], [0, 1, 0], [0, 0, 1]
+    expected = [*ice, *hole, *ice, *goal] + [0, 0, 1, 0]  # cells S H / F G, then the player at (1, 0)
+    assert env.state_features().tolist() == expected and env.state_features().dtype == np.float32
+
+
 def test_flat_tile_style_paints_each_cell_one_colour_and_says_so_in_the_legend():
     from envs_visual.render import FLAT_COLOURS
 

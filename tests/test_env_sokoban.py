@@ -122,6 +122,15 @@ def test_walls_block_and_player_on_target_renders_as_plus():
     assert text == "#####\n# + #\n#$  #\n#####"
 
 
+def test_state_features_are_wall_target_box_and_player_planes():
+    env = make(dim_room=(3, 4))
+    env.reset(seed=0, options={"level": "####\n#@*#\n####"})
+    walls = [1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1]
+    on_the_box = [0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0]  # the box sits on the target at (1, 2)
+    player = [0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+    assert env.state_features().tolist() == walls + on_the_box + on_the_box + player
+
+
 def test_xsb_round_trip_and_bad_levels_raise():
     xsb = "#####\n#+$ #\n# * #\n#   #\n#####"
     level = parse_xsb(xsb)

@@ -184,6 +184,19 @@ def test_text_mode_replaces_the_image_by_the_grid():
     assert "######\n# @  #\n#  $.#" in obs.text and obs.images == []
 
 
+def test_without_action_feedback_every_message_is_the_observation_alone():
+    lang = sokoban("no_think", instructions_in_system=True, action_feedback=False)
+    first, _ = lang.reset(options={"level": LEVEL})
+    assert first.text == f"Current observation:\n{IMAGE_PLACEHOLDER}"
+    for reply in ("<answer>Up, Fly</answer>", "no tags at all"):  # one executed and one ignored, a malformed
+        obs, *_ = lang.step(reply)
+        assert obs.text == first.text
+    assert obs.state == "######\n# @  #\n#  $.#\n#    #\n######"
+    assert (
+        obs.features.shape == (4 * 5 * 6,) and obs.features[3 * 30 + 1 * 6 + 2] == 1.0
+    )  # the player's plane
+
+
 def test_cell_separator_spaces_the_shown_grid_not_the_state_key():
     lang = LanguageEnv(
         gymnasium.make("envs_visual/FrozenLake-v0"), "no_think", 1, text_only=True, cell_separator=" "

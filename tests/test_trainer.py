@@ -273,15 +273,14 @@ def test_one_update_raises_the_better_episodes_tokens_and_lowers_the_worse():
     assert mean_logp(after, 1) < mean_logp(scores, 1)
 
 
-MPO = {
-    "algo.policy_loss": "mpo", "algo.critic": "state", "algo.gamma": 0.9, "env.prompt_format": "no_think",
-    "env.max_actions_per_turn": 1, "env.instructions": "brief", "env.instructions_in_system": True,
-    "rollout.window": 0, "rollout.max_new_tokens": 8,
-}  # fmt: skip
+# the mpo recipe (frozenlake_mpo_tiny.yaml) at test size: its 2 epochs x 16 mini-batches cut to 1 x 2
+MPO = {"algo.ppo_epochs": 1, "algo.mini_batches": 2}
 
 
-def test_two_step_mpo_run(tmp_path):
-    summary = train(load_config(REPO / "configs/frozenlake_tiny.yaml", tiny_overrides(tmp_path, **MPO)))
+@pytest.mark.parametrize("state_input", ["text", "features"])
+def test_two_step_mpo_run(tmp_path, state_input):
+    overrides = tiny_overrides(tmp_path, **MPO, **{"algo.state_critic_input": state_input})
+    summary = train(load_config(REPO / "configs/frozenlake_mpo_tiny.yaml", overrides))
     lines = read_metrics(tmp_path / "metrics.jsonl")
     assert [m["step"] for m in lines] == [0, 1, 2]
     for m in lines[1:]:
@@ -293,7 +292,10 @@ def test_two_step_mpo_run(tmp_path):
     final = tmp_path / "checkpoints" / "step_000002" / "state_critic" / "model.safetensors"
     from safetensors.torch import load_file
 
-    assert load_file(final)["mlp.4.weight"].shape[0] == 4  # Q(s, .) of the four FrozenLake actions
+    weights = load_file(final)
+    assert weights["mlp.4.weight"].shape[0] == 4  # Q(s, .) of the four FrozenLake actions
+    if state_input == "features":  # tile planes (ice, hole, goal) and the player's plane of 4 x 4 cells
+        assert weights["mlp.0.weight"].shape[1] == 4 * 16
     assert summary["steps"] == 2
 
 
@@ -310,7 +312,7 @@ def test_one_mpo_update_raises_the_better_action_even_where_another_was_sampled(
 
     _, world = init_distributed()
     overrides = tiny_overrides(REPO / "runs" / "unused", **MPO) + ["algo.mini_batches=1", "algo.kl_coef=0"]
-    cfg = load_config(REPO / "configs/frozenlake_tiny.yaml", overrides)
+    cfg = load_config(REPO / "configs/frozenlake_mpo_tiny.yaml", overrides)
     sizes = derived_sizes(cfg, world)
     models = build_models(cfg, sizes)
     engine = ScriptedEngine(models.processor.tokenizer, ["<answer>Down</answer>"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -22,7 +23,8 @@ from vagen.rollout.batch import RolloutBatch
 class ActionTurns:
     """The N turns of a batch's episodes (episodes in order, turns in order), A of which acted.
 
-    states:   N state strings (each turn's env text grid, TurnRecord.state)
+    states:   N critic inputs: each turn's env text grid (TurnRecord.state) or, with state_input
+              "features", its one-hot state vector (TurnRecord.features)
     rewards:  (N,) float32 turn rewards
     has_next: (N,) bool, another turn of the same episode follows
     acted:    (A,) long, flat turn index of each acting turn
@@ -30,7 +32,7 @@ class ActionTurns:
     rows, cols: (A,) long, where its action token sits in the batch
     """
 
-    states: list[str]
+    states: list[str] | list[np.ndarray]
     rewards: Tensor
     has_next: Tensor
     acted: Tensor
@@ -39,9 +41,10 @@ class ActionTurns:
     cols: Tensor
 
 
-def action_turns(batch: RolloutBatch, action_tokens: Tensor) -> ActionTurns:
+def action_turns(batch: RolloutBatch, action_tokens: Tensor, state_input: str = "text") -> ActionTurns:
     """Gather the turns; an action token whose sampled id is not one of `action_tokens` (K,) (a reply
-    that spelled the action with other tokens) leaves its turn out of the acting ones."""
+    that spelled the action with other tokens) leaves its turn out of the acting ones. `state_input`:
+    what the critic reads of a turn (algo.state_critic_input: text | features)."""
     turns = [turn for episode in batch.episodes for turn in episode.turns]
     first_turn = torch.tensor([0] + [len(ep.turns) for ep in batch.episodes]).cumsum(0)  # (E + 1,)
     has_next = torch.ones(len(turns), dtype=torch.bool)
@@ -54,7 +57,7 @@ def action_turns(batch: RolloutBatch, action_tokens: Tensor) -> ActionTurns:
     episode = batch.episode_ids[rows].cpu()
     acted = first_turn[episode] + batch.token_turn[rows, cols].cpu()
     return ActionTurns(
-        states=[turn.state for turn in turns],
+        states=[turn.state if state_input == "text" else turn.features for turn in turns],
         rewards=torch.tensor([turn.reward for turn in turns], dtype=torch.float32),
         has_next=has_next,
         acted=acted,

@@ -26,6 +26,7 @@ from vagen.sft import WARM_START_TEACHERS, SFTConfig
 ALARM_POLICIES = ("warn", "stop", "rollback")
 DTYPES = ("float32", "bfloat16")
 CRITIC_KINDS = ("model", "state")
+STATE_CRITIC_INPUTS = ("text", "features")
 TURN_LEVEL_ESTIMATORS = ("turn_gae", "bilevel_gae")  # credit over turns: a value per turn suffices
 POLICY_UPDATES = ("ppo", "mpo")
 
@@ -152,6 +153,13 @@ class AlgoConfig:
     )
     state_critic_max_bytes: int = field(
         default=256, metadata={"help": "critic=state: longest state string (UTF-8 bytes) it reads"}
+    )
+    state_critic_input: str = field(
+        default="text",
+        metadata={
+            "help": "critic=state: what the MLP reads: text (the env's text grid, as bytes) | features "
+            "(the env's state_features(): one-hot planes of each cell's tile and of the player)"
+        },
     )
     mpo_eta: float = field(
         default=1.0, metadata={"help": "mpo: temperature of exp((Q - V) / eta), in reward units"}
@@ -395,6 +403,11 @@ def validate(cfg: RunConfig) -> None:
     )
     _require(algo.state_critic_steps >= 1, "algo.state_critic_steps", "must be >= 1")
     _require(algo.state_critic_max_bytes >= 1, "algo.state_critic_max_bytes", "must be >= 1")
+    _require(
+        algo.state_critic_input in STATE_CRITIC_INPUTS,
+        "algo.state_critic_input",
+        f"must be one of {STATE_CRITIC_INPUTS}, got {algo.state_critic_input!r}",
+    )
     _require(0.0 < algo.filter.keep <= 1.0, "algo.filter.keep", f"must be in (0, 1], got {algo.filter.keep}")
     _require(algo.kl_coef >= 0.0, "algo.kl_coef", f"must be >= 0, got {algo.kl_coef}")
     _require(algo.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {algo.ppo_epochs}")

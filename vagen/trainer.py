@@ -68,7 +68,7 @@ from vagen.metrics import (
 )
 from vagen.models.loading import ValueModel, load_policy, tokenizer_of
 from vagen.models.scoring import token_and_candidate_logprobs, token_logprobs, token_values
-from vagen.models.state_critic import StateCritic
+from vagen.models.state_critic import FeatureCritic, StateCritic
 from vagen.report import end_of_run_report
 from vagen.rollout.assembly import ChatCodec, action_token_ids
 from vagen.rollout.batch import RolloutBatch
@@ -171,7 +171,9 @@ class Models:
     reference: torch.nn.Module | None  # frozen policy; None without KL, or under LoRA (adapter off)
     processor: Any
     generation: Any  # GenerationEngine
-    state_critic: StateCritic | None = None  # critic=state: V(s) (mpo: Q(s, .)) from the env's text state
+    state_critic: StateCritic | FeatureCritic | None = (
+        None  # critic=state: V(s) (mpo: Q(s, .)) of the env state
+    )
     state_critic_optim: torch.optim.Optimizer | None = None
     action_tokens: torch.Tensor | None = None  # policy_loss=mpo: (K,) the token of each action name
 
@@ -200,7 +202,16 @@ def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
         action_tokens = torch.tensor(action_token_ids(codec, make_language_env(cfg.env).action_names))
     if needs_critic(cfg) and cfg.algo.critic == "state":
         outputs = 1 if action_tokens is None else len(action_tokens)  # mpo: Q(s, a) of every action
-        state_critic = StateCritic(cfg.algo.state_critic_max_bytes, outputs=outputs).to(comm_device())
+        if cfg.algo.state_critic_input == "features":
+            probe, _ = make_language_env(cfg.env).reset(seed=cfg.rollout.seed)
+            if probe.features is None:
+                raise ValueError(
+                    f"algo.state_critic_input=features: {cfg.env.env_id} has no state_features()"
+                )
+            state_critic = FeatureCritic(len(probe.features), outputs=outputs)
+        else:
+            state_critic = StateCritic(cfg.algo.state_critic_max_bytes, outputs=outputs)
+        state_critic = state_critic.to(comm_device())
         for p in state_critic.parameters():  # ranks seed differently: start from rank 0's weights
             dist.broadcast(p.data, src=0)
         state_critic_optim = torch.optim.AdamW(
@@ -267,23 +278,26 @@ def score(models: Models, batch: RolloutBatch, cfg: RunConfig) -> Scores:
     if models.critic is not None:
         values = token_values(models.critic.module, *args)
     elif models.state_critic is not None and cfg.algo.policy_loss != "mpo":
-        values = state_values(models.state_critic, batch)
+        values = state_values(models.state_critic, batch, cfg.algo.state_critic_input)
     return Scores(old_logp, entropy, ref_logp, values, action_logp)
 
 
-def turn_states(batch: RolloutBatch) -> tuple[list[str], torch.Tensor]:
-    """Every turn's env state, episodes in order, and the packed view's turn ends (E, L') bool."""
+def turn_states(batch: RolloutBatch, state_input: str = "text") -> tuple[list, torch.Tensor]:
+    """Every turn's critic input (its env text grid, or with state_input "features" its one-hot state
+    vector), episodes in order, and the packed view's turn ends (E, L') bool."""
     turn_end = batch.view.gather(batch.turn_end).bool()
-    keys = state_keys(batch)
     counts = turn_end.sum(dim=1).tolist()
-    if counts != [len(k) for k in keys]:
-        raise RuntimeError(f"turn ends per episode {counts} != recorded states {[len(k) for k in keys]}")
-    return [state for episode in keys for state in episode], turn_end
+    if counts != [len(ep.turns) for ep in batch.episodes]:
+        raise RuntimeError(
+            f"turn ends per episode {counts} != recorded turns {[len(ep.turns) for ep in batch.episodes]}"
+        )
+    read = (lambda turn: turn.state) if state_input == "text" else (lambda turn: turn.features)
+    return [read(turn) for episode in batch.episodes for turn in episode.turns], turn_end
 
 
-def state_values(critic: StateCritic, batch: RolloutBatch) -> torch.Tensor:
+def state_values(critic: StateCritic | FeatureCritic, batch: RolloutBatch, state_input: str) -> torch.Tensor:
     """(B, L): V(s_t) of the state-critic on every adv-masked token of turn t."""
-    states, turn_end = turn_states(batch)
+    states, turn_end = turn_states(batch, state_input)
     flat = critic(states).float()
     _, valid = gather_turns(turn_end.float(), turn_end)  # (E, T): a prefix of each row marks its turns
     per_turn = torch.zeros(valid.shape, dtype=flat.dtype, device=flat.device)
@@ -293,13 +307,13 @@ def state_values(critic: StateCritic, batch: RolloutBatch) -> torch.Tensor:
 
 
 def return_regression(
-    batch: RolloutBatch, returns: torch.Tensor
-) -> tuple[list[str], Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:
-    """The V-critic's regression: every turn's state, and (V(s_t), R_t) given the critic's values, R_t
-    the estimator's return at the turn's end."""
+    batch: RolloutBatch, returns: torch.Tensor, state_input: str
+) -> tuple[list, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:
+    """The V-critic's regression: every turn's critic input, and (V(s_t), R_t) given the critic's
+    values, R_t the estimator's return at the turn's end."""
     if not len(batch):  # the filter may leave a rank without episodes; it still joins every reduction
         return [], lambda values: (values, values.new_zeros(0))
-    states, turn_end = turn_states(batch)
+    states, turn_end = turn_states(batch, state_input)
     per_turn, valid = gather_turns(batch.view.gather(returns), turn_end)
     targets = per_turn[valid].float().to(comm_device())
     return states, lambda values: (values, targets)
@@ -408,7 +422,7 @@ def mpo_update_plan(
     """policy_loss=mpo: refit the Q-critic on this batch (expected SARSA under the rollout policy), then
     the improved policy at every action token from its Q (MPO fits the critic before the policy)."""
     algo, critic = cfg.algo, models.state_critic
-    turns = action_turns(batch, models.action_tokens)
+    turns = action_turns(batch, models.action_tokens, algo.state_critic_input)
     probs = rollout_policy(turns, scores.action_logp, len(models.action_tokens))  # (N, K)
     fit_state_critic(models, turns.states, sarsa_regression(turns, probs, algo.gamma), cfg, stats)
     with torch.no_grad():
@@ -735,7 +749,7 @@ def save(
     )
 
 
-def state_critic_pair(models: Models) -> tuple[StateCritic, torch.optim.Optimizer] | None:
+def state_critic_pair(models: Models) -> tuple[StateCritic | FeatureCritic, torch.optim.Optimizer] | None:
     return None if models.state_critic is None else (models.state_critic, models.state_critic_optim)
 
 
@@ -830,7 +844,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             models, kept, kept_scores, adv, returns, pad_row, cfg, sizes, generator, stats, targets
         )
         if models.state_critic is not None and plan is None:
-            fit_state_critic(models, *return_regression(kept, returns), cfg, stats)
+            fit_state_critic(
+                models, *return_regression(kept, returns, cfg.algo.state_critic_input), cfg, stats
+            )
         state["skipped_steps"] += skipped
         timings["time/update_s"] = time.perf_counter() - start
         update_tokens = global_sum(tokens)

@@ -39,6 +39,7 @@ TILE_NAMES = (
 LETTER_CODES = {"F": 0, "H": 1, "G": 2, "S": 3}
 PLAYER_CODES = {"F": 4, "S": 4, "H": 5, "G": 6}
 GRID_CHARSET = "SFHGP\n"
+FEATURE_TILES = {"F": 0, "S": 0, "H": 1, "G": 2}  # state_features' tile channels: ice (start too), hole, goal
 
 INSTRUCTION = (
     "You are playing FrozenLake. Walk from the start to the goal over the frozen lake without "
@@ -188,6 +189,16 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         rows = list(self.desc)
         rows[row] = rows[row][:col] + "P" + rows[row][col + 1 :]
         return "\n".join(rows)
+
+    def state_features(self) -> np.ndarray:
+        """The true state as one-hots for a privileged critic (the policy never sees it): each cell's
+        tile (ice or start, hole, goal) row-major, then the player's cell; float32 (4 * size * size,)."""
+        cells = self.size * self.size
+        tiles = np.zeros((cells, len(set(FEATURE_TILES.values()))), dtype=np.float32)
+        tiles[np.arange(cells), [FEATURE_TILES[letter] for letter in "".join(self.desc)]] = 1.0
+        player = np.zeros(cells, dtype=np.float32)
+        player[self.player[0] * self.size + self.player[1]] = 1.0
+        return np.concatenate([tiles.ravel(), player])
 
     def describe_state(self) -> list[Fact]:
         """The goal's relations to the player, then the sides of adjacent holes (see envs_visual.facts)."""

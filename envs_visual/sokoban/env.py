@@ -166,6 +166,16 @@ class SokobanEnv(gymnasium.Env):
     def text_grid(self) -> str:
         return to_xsb(self.level)
 
+    def state_features(self) -> np.ndarray:
+        """The true state as one-hots for a privileged critic (the policy never sees it): wall, target,
+        box and player planes of the room, each row-major; float32 (4 * rows * cols,)."""
+        level = self.level
+        player = np.zeros(level.shape, dtype=bool)
+        player[level.player] = True
+        return np.concatenate(
+            [plane.ravel() for plane in (level.walls, level.targets, level.boxes, player)]
+        ).astype(np.float32)
+
     def optimal_actions(self, max_actions: int) -> list[int]:
         """Teacher: the first `max_actions` moves of a shortest solution from the current state
         (envs_visual.sokoban.solve); [] when solved, unsolvable (a box stuck) or past `solver_max_states`."""

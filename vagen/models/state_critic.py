@@ -6,13 +6,17 @@ policy's values long before a value head on a vision-language backbone has learn
 ("asymmetric actor-critic", Pinto et al. 2018). Turn-level estimators (turn_gae, bilevel_gae) take its
 V(s_t) as the value of every token of turn t. The policy never reads the state.
 
-The state string is read as UTF-8 bytes at fixed positions (a grid keeps each cell at the same offset):
-byte embedding -> flatten -> MLP -> V (or Q(s, .) of every action). The last layer starts at zero, so
-the values are 0 before any fit.
+StateCritic reads the state string as UTF-8 bytes at fixed positions (a grid keeps each cell at the
+same offset): byte embedding -> flatten -> MLP -> V (or Q(s, .) of every action); its last layer starts
+at zero, so the values are 0 before any fit. FeatureCritic reads the env's one-hot state vector
+(`state_features()`: a plane per tile kind and one for the player) with the same MLP and default
+initialisation (algo.state_critic_input=features). Both map a list of turn inputs to values through
+`encode` (once per fit) and `values` (every step).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -27,7 +31,7 @@ class StateCritic(nn.Module):
         super().__init__()
         self.max_bytes = max_bytes
         self.outputs = outputs
-        self.embed = nn.Embedding(PAD_BYTE + 1, embed_dim)
+        self.embed = nn.Embedding(PAD_BYTE + 1, embed_dim, padding_idx=PAD_BYTE)
         self.mlp = nn.Sequential(
             nn.Linear(max_bytes * embed_dim, hidden),
             nn.ReLU(),
@@ -58,5 +62,43 @@ class StateCritic(nn.Module):
         return out.squeeze(-1) if self.outputs == 1 else out
 
     def forward(self, states: list[str]) -> torch.Tensor:
+        """(N,) float32 values, or (N, K)."""
+        return self.values(self.encode(states))
+
+
+class FeatureCritic(nn.Module):
+    """V(s) (or Q(s, .) with `outputs` K > 1) for a list of float state vectors of `in_features` each."""
+
+    def __init__(self, in_features: int, hidden: int = 256, outputs: int = 1) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.outputs = outputs
+        self.mlp = nn.Sequential(
+            nn.Linear(in_features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, outputs),
+        )
+
+    def encode(self, states: list[np.ndarray | None]) -> torch.Tensor:
+        """(N, in_features) float32: the vectors stacked."""
+        if any(state is None or state.shape != (self.in_features,) for state in states):
+            bad = next(state for state in states if state is None or state.shape != (self.in_features,))
+            raise ValueError(
+                "algo.state_critic_input=features needs the env's state_features() of "
+                f"{self.in_features} values on every turn, got {None if bad is None else bad.shape}"
+            )
+        device = self.mlp[0].weight.device
+        if not states:
+            return torch.zeros(0, self.in_features, device=device)
+        return torch.from_numpy(np.stack(states)).float().to(device)
+
+    def values(self, encoded: torch.Tensor) -> torch.Tensor:
+        """(N,) float32 values of encoded states (N, in_features), (N, K) with K outputs."""
+        out = self.mlp(encoded)
+        return out.squeeze(-1) if self.outputs == 1 else out
+
+    def forward(self, states: list[np.ndarray | None]) -> torch.Tensor:
         """(N,) float32 values, or (N, K)."""
         return self.values(self.encode(states))

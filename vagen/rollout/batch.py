@@ -32,6 +32,7 @@ class TurnRecord:
     reward: float  # env_reward + reasoning_reward, placed at the turn end
     texts: dict[str, str] = field(default_factory=dict)  # parsed tag texts
     state: str = ""  # the env's text grid of the state the turn answered (Observation.state)
+    features: np.ndarray | None = None  # its one-hot state vector (Observation.features), if the env has one
 
 
 @dataclass

@@ -53,6 +53,14 @@ class EnvConfig:
             "observation alone)"
         },
     )
+    action_feedback: bool = field(
+        default=True,
+        metadata={
+            "help": "open each turn's message with what the last reply did ('Executed actions: Up.', or "
+            "why nothing ran); false: the message is the observation alone, so with rollout.window 0 "
+            "the context is a function of the state (the policy cannot key its move on the last one)"
+        },
+    )
     grounding_reward_weight: float = field(
         default=0.0, metadata={"help": "weight of the F1 of <observation> against the true state"}
     )

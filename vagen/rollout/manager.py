@@ -38,6 +38,7 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
         cell_separator=cfg.cell_separator,
         instructions_in_system=cfg.instructions_in_system,
         instructions=cfg.instructions,
+        action_feedback=cfg.action_feedback,
     )
 
 
@@ -275,6 +276,7 @@ class RolloutManager:
                 reward=reward,
                 texts=dict(parse.texts),
                 state=seen.state,
+                features=seen.features,
             )
         )
         record.episode_return += reward

@@ -102,9 +102,9 @@ def test_anchored_text_recipe_keeps_the_measured_settings():
 
 
 def test_mpo_recipes_keep_the_measured_settings():
-    """frozenlake_text_mpo_tiny is the run README "Learning" quotes (0.000 -> 0.910 in 30 minutes);
-    the visual mpo recipe shares its rollout, optimizer and update, reading state planes instead of
-    text bytes and without the feedback line (the lean loop's setting)."""
+    """frozenlake_text_mpo_tiny is the recipe README "Learning" quotes (0.000 -> 0.910 and 0.918 in 30
+    minutes, two seeds); the visual mpo recipe shares its rollout, optimizer and update, reading state
+    planes instead of text bytes and without the feedback line (the lean loop's setting)."""
     text, visual = recipe("frozenlake_text_mpo_tiny"), recipe("frozenlake_mpo_tiny")
     a, r = text.algo, text.rollout
     assert (a.policy_loss, a.critic, a.state_critic_input, a.gamma, a.mpo_eta, a.mpo_uniform_mix) == (

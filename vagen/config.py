@@ -167,6 +167,13 @@ class AlgoConfig:
     mpo_uniform_mix: float = field(
         default=0.1, metadata={"help": "mpo: share of the uniform policy mixed into pi_old in the target"}
     )
+    mpo_over_actions: bool = field(
+        default=False,
+        metadata={
+            "help": "mpo: fit the target with the policy renormalised over the action tokens (the "
+            "gradient moves only their logits) instead of the full-vocabulary log-probs"
+        },
+    )
     filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "StarPO-S group filter"})
 
 

@@ -51,9 +51,13 @@ def mpo_targets(q_values: Tensor, old_probs: Tensor, eta: float, uniform_mix: fl
     return torch.softmax(torch.log(prior) + advantages / eta, dim=-1)
 
 
-def action_target_loss(candidate_logp: Tensor, targets: Tensor) -> Tensor:
+def action_target_loss(candidate_logp: Tensor, targets: Tensor, over_actions: bool = False) -> Tensor:
     """Mean over rows of the cross-entropy -sum_a q(a) log pi(a): candidate_logp (N, K) carries the
-    gradient (full-vocabulary log-probs, so mass is also pulled onto the action tokens), targets (N, K)
-    are constants. 0 for N = 0 (still attached to the graph)."""
+    gradient, targets (N, K) are constants. pi is the full-vocabulary policy read at the K action
+    tokens (mass is also pulled onto them), or with `over_actions` pi(a) = p(a) / sum_b p(b), the policy
+    over the K actions alone (the gradient is then pi - q on the K logits, nothing on the rest).
+    0 for N = 0 (still attached to the graph)."""
+    if over_actions:
+        candidate_logp = candidate_logp.log_softmax(dim=-1)
     per_row = -(targets.detach() * candidate_logp).sum(dim=-1)  # (N,)
     return per_row.sum() / max(per_row.numel(), 1)

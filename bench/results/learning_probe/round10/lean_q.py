@@ -53,6 +53,8 @@ p.add_argument("--pipeline-prompt", action="store_true")
 p.add_argument("--byte-critic", action="store_true")
 p.add_argument("--onehot-bytes", action="store_true")
 p.add_argument("--small-init", action="store_true")
+p.add_argument("--full-vocab", action="store_true", help="action log-probs over the whole vocabulary")
+p.add_argument("--pipeline-critic-optim", action="store_true", help="AdamW betas (0.9, 0.98), wd 0.01")
 args = p.parse_args()
 torch.set_num_threads(args.threads)
 torch.manual_seed(args.seed)
@@ -132,6 +134,8 @@ def policy_logits(states):
 
     vis = VisionInputs(pv, GRID_THW.repeat(n, 1))
     out = model(**model_inputs(config, ids, mask, vis), logits_to_keep=1)
+    if args.full_vocab:  # log-probs over the whole vocabulary, read at the four action tokens
+        return out.logits[:, -1].log_softmax(-1)[:, action_ids]
     return out.logits[:, -1, action_ids]
 
 
@@ -206,7 +210,11 @@ if args.byte_critic:
 
     critic = Wrapped()
     state_features = lambda states: states  # noqa: E731
-critic_opt = torch.optim.Adam(critic.parameters(), lr=args.critic_lr)
+critic_opt = (
+    torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, betas=(0.9, 0.98), weight_decay=0.01)
+    if args.pipeline_critic_optim
+    else torch.optim.Adam(critic.parameters(), lr=args.critic_lr)
+)
 opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
 
 
@@ -337,7 +345,7 @@ while time.time() - t0 < args.minutes * 60:
         order = torch.randperm(len(flat))
         for mb in order.split(args.mb_size) if args.mb_size else order.tensor_split(args.minibatches):
             logits = policy_logits([states[j] for j in mb.tolist()])
-            logp_all = F.log_softmax(logits, -1)
+            logp_all = logits if args.full_vocab else F.log_softmax(logits, -1)
             logp = logp_all.gather(1, acts[mb, None]).squeeze(1)
             if args.policy == "mpo":
                 pg = -(target[mb] * logp_all).sum(-1).mean()

@@ -67,14 +67,16 @@ def test_action_target_loss_is_the_mean_cross_entropy_and_its_gradient_is_pi_min
     assert action_target_loss(torch.zeros(0, 4, requires_grad=True), torch.zeros(0, 4)).item() == 0.0
 
 
-def test_action_target_loss_over_the_actions_alone_ignores_the_other_tokens_mass():
+def test_action_target_loss_weighs_the_pull_of_mass_onto_the_action_tokens():
     # two action tokens holding half the vocabulary's mass (0.25 each, the rest on a third token):
-    # over the vocabulary the loss is -log 0.25 = log 4; over the actions alone -log 0.5 = log 2
+    # mass_coef 1 is the full-vocabulary cross-entropy -log 0.25 = log 4; mass_coef 0 the cross-entropy of
+    # the policy over the two actions, -log 0.5 = log 2; 0.5 adds half of -log m = log 2
     logits = torch.log(torch.tensor([[0.25, 0.25, 0.5]])).requires_grad_(True)
     candidate_logp = torch.log_softmax(logits, dim=-1)[:, :2]
     targets = torch.tensor([[1.0, 0.0]])
     assert_close(action_target_loss(candidate_logp, targets), math.log(4))
-    loss = action_target_loss(candidate_logp, targets, over_actions=True)
+    assert_close(action_target_loss(candidate_logp, targets, mass_coef=0.5), 1.5 * math.log(2))
+    loss = action_target_loss(candidate_logp, targets, mass_coef=0.0)
     assert_close(loss, math.log(2))
     loss.backward()
     assert_close(logits.grad, [[0.5 - 1.0, 0.5, 0.0]])  # pi - q over the two actions, 0 on the third

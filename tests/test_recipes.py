@@ -104,7 +104,8 @@ def test_anchored_text_recipe_keeps_the_measured_settings():
 def test_mpo_recipes_keep_the_measured_settings():
     """frozenlake_text_mpo_tiny is the recipe README "Learning" quotes (0.000 -> 0.910 and 0.918 in 30
     minutes, two seeds); the visual mpo recipe shares its rollout, optimizer and update, reading state
-    planes instead of text bytes and without the feedback line (the lean loop's setting)."""
+    planes instead of text bytes, without the feedback line and with a weak pull of mass onto the action
+    tokens (mpo_mass_coef 0.1), the setting that learned to see."""
     text, visual = recipe("frozenlake_text_mpo_tiny"), recipe("frozenlake_mpo_tiny")
     a, r = text.algo, text.rollout
     assert (a.policy_loss, a.critic, a.state_critic_input, a.gamma, a.mpo_eta, a.mpo_uniform_mix) == (
@@ -133,6 +134,7 @@ def test_mpo_recipes_keep_the_measured_settings():
     assert asdict(visual.algo) == asdict(a) | {
         "state_critic_input": "features",
         "state_critic_max_bytes": 256,
+        "mpo_mass_coef": 0.1,
     }
     assert not visual.env.action_feedback and visual.env.env_kwargs["tile_style"] == "flat"
 

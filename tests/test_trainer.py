@@ -299,9 +299,11 @@ def test_two_step_mpo_run(tmp_path, state_input):
     assert summary["steps"] == 2
 
 
-def test_one_mpo_update_raises_the_better_action_even_where_another_was_sampled():
+@pytest.mark.parametrize("mass_coef", [1.0, 0.0])
+def test_one_mpo_update_raises_the_better_action_even_where_another_was_sampled(mass_coef):
     """Every turn sampled Down; the critic says Right is worth more. A sampled policy gradient could only
-    move Down's probability; the all-action target raises Right's at every action token."""
+    move Down's probability; the all-action target raises Right's at every action token (fitted with
+    full-vocabulary log-probs or with the policy over the four actions alone)."""
     from test_rollout_manager import ScriptedEngine
 
     from vagen.action_targets import action_turns, mpo_plan, rollout_policy
@@ -311,7 +313,9 @@ def test_one_mpo_update_raises_the_better_action_even_where_another_was_sampled(
     from vagen.trainer import build_models, score, update
 
     _, world = init_distributed()
-    overrides = tiny_overrides(REPO / "runs" / "unused", **MPO) + ["algo.mini_batches=1", "algo.kl_coef=0"]
+    overrides = tiny_overrides(REPO / "runs" / "unused", **MPO) + [
+        "algo.mini_batches=1", "algo.kl_coef=0", f"algo.mpo_mass_coef={mass_coef}"
+    ]  # fmt: skip
     cfg = load_config(REPO / "configs/frozenlake_mpo_tiny.yaml", overrides)
     sizes = derived_sizes(cfg, world)
     models = build_models(cfg, sizes)

@@ -167,11 +167,11 @@ class AlgoConfig:
     mpo_uniform_mix: float = field(
         default=0.1, metadata={"help": "mpo: share of the uniform policy mixed into pi_old in the target"}
     )
-    mpo_over_actions: bool = field(
-        default=False,
+    mpo_mass_coef: float = field(
+        default=1.0,
         metadata={
-            "help": "mpo: fit the target with the policy renormalised over the action tokens (the "
-            "gradient moves only their logits) instead of the full-vocabulary log-probs"
+            "help": "mpo: weight of -log(mass of the action tokens) beside the cross-entropy of the policy "
+            "over the actions; 1 = the full-vocabulary cross-entropy, 0 = the actions' logits alone"
         },
     )
     filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "StarPO-S group filter"})
@@ -403,6 +403,7 @@ def validate(cfg: RunConfig) -> None:
         f"policy_loss=mpo grades one action per turn: set it to 1, not {cfg.env.max_actions_per_turn}",
     )
     _require(algo.mpo_eta > 0.0, "algo.mpo_eta", f"must be > 0, got {algo.mpo_eta}")
+    _require(algo.mpo_mass_coef >= 0.0, "algo.mpo_mass_coef", f"must be >= 0, got {algo.mpo_mass_coef}")
     _require(
         0.0 <= algo.mpo_uniform_mix < 1.0,
         "algo.mpo_uniform_mix",

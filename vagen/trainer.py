@@ -555,7 +555,7 @@ def actor_loss(models: Models, mb: MicroBatch, cfg: RunConfig, stats: MetricAccu
     mask = part.loss_mask
     if mpo:
         acting = action_target_mask(mb.targets)  # (b, l)
-        loss = action_target_loss(action_logp[acting], mb.targets[acting], algo.mpo_over_actions)
+        loss = action_target_loss(action_logp[acting], mb.targets[acting], algo.mpo_mass_coef)
         loss = loss * mb.policy_weight
         stats.add("actor/mpo_loss", loss.item() / max(mb.policy_weight, 1e-12), int(acting.sum()))
         log_ratio = torch.where(mask, logp - mb.scores.old_logp, 0.0).detach()  # k3 estimate, as PPO's stats

@@ -51,13 +51,14 @@ def mpo_targets(q_values: Tensor, old_probs: Tensor, eta: float, uniform_mix: fl
     return torch.softmax(torch.log(prior) + advantages / eta, dim=-1)
 
 
-def action_target_loss(candidate_logp: Tensor, targets: Tensor, over_actions: bool = False) -> Tensor:
-    """Mean over rows of the cross-entropy -sum_a q(a) log pi(a): candidate_logp (N, K) carries the
-    gradient, targets (N, K) are constants. pi is the full-vocabulary policy read at the K action
-    tokens (mass is also pulled onto them), or with `over_actions` pi(a) = p(a) / sum_b p(b), the policy
-    over the K actions alone (the gradient is then pi - q on the K logits, nothing on the rest).
+def action_target_loss(candidate_logp: Tensor, targets: Tensor, mass_coef: float = 1.0) -> Tensor:
+    """Mean over rows of -sum_a q(a) log pi(a) - mass_coef * log m, where candidate_logp (N, K) are the
+    full-vocabulary log-probs log p(a) at the K action tokens (they carry the gradient), m = sum_a p(a)
+    their mass and pi(a) = p(a) / m the policy over the K actions; targets (N, K) are constants summing to
+    1 per row. mass_coef 1 is the cross-entropy -sum_a q(a) log p(a) over the whole vocabulary; smaller
+    values weaken the pull of mass onto the action tokens (0: only pi - q on the K logits).
     0 for N = 0 (still attached to the graph)."""
-    if over_actions:
-        candidate_logp = candidate_logp.log_softmax(dim=-1)
-    per_row = -(targets.detach() * candidate_logp).sum(dim=-1)  # (N,)
+    log_mass = candidate_logp.logsumexp(dim=-1)  # (N,)
+    over_actions = candidate_logp - log_mass[:, None]
+    per_row = -(targets.detach() * over_actions).sum(dim=-1) - mass_coef * log_mass  # (N,)
     return per_row.sum() / max(per_row.numel(), 1)

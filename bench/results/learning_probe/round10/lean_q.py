@@ -9,6 +9,8 @@ Validation: greedy from S on held-out (hash split) layouts. Runs of the probe RE
   Q2: --mb-size 64 --epochs 2 --tau 0.5 --eps-mix 0.1
   L2: the same + --pipeline-prompt --init <the format warm start>   (L8: + --seed 1)
   L4: L2 + --byte-critic;  L5: L2 + --byte-critic --onehot-bytes;  L9: L5 + --small-init
+  L10: L2 with --init <the frozenlake_mpo_tiny warm start> --pipeline-critic-optim
+  L11: L10 + --full-vocab  (L12: + --seed 1)
 """
 
 import argparse

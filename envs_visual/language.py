@@ -278,20 +278,24 @@ class LanguageEnv:
         return f"<think>{inner}</think>{answer}"
 
     def _turn_message(self, executed: list[str], parse: ParseResult) -> Observation:
-        if not self.action_feedback:
-            lines = []
-        elif executed:
+        lines = self._feedback(executed, parse) if self.action_feedback else []
+        lines.append(f"Current observation:\n{self._placeholder(self._last_obs)}")
+        return Observation(
+            "\n".join(lines), self._images(self._last_obs), self._last_obs["text"], self._features()
+        )
+
+    @staticmethod
+    def _feedback(executed: list[str], parse: ParseResult) -> list[str]:
+        """What the last reply did: the actions executed, or why none ran; then any ignored ones."""
+        if executed:
             lines = [f"Executed actions: {', '.join(executed)}."]
         elif parse.texts:
             lines = ["No action was executed: the answer held no valid action."]
         else:
             lines = ["No action was executed: the reply did not follow the required format."]
-        if parse.num_invalid and self.action_feedback:
+        if parse.num_invalid:
             lines.append(f"{parse.num_invalid} invalid or extra action(s) were ignored.")
-        lines.append(f"Current observation:\n{self._placeholder(self._last_obs)}")
-        return Observation(
-            "\n".join(lines), self._images(self._last_obs), self._last_obs["text"], self._features()
-        )
+        return lines
 
     def _features(self) -> np.ndarray | None:
         state_features = getattr(self.env.unwrapped, "state_features", None)

@@ -126,7 +126,9 @@ def test_state_values_give_each_token_its_turns_state_value_across_window_segmen
     def critic(states: list[str]) -> torch.Tensor:  # V("e.t") = 10 e + t
         return torch.tensor([10.0 * int(s.split(".")[0]) + int(s.split(".")[1]) for s in states])
 
-    values = state_values(critic, batch, "text")
+    critic.reads = "state"  # the TurnRecord field it reads, as StateCritic.reads
+
+    values = state_values(critic, batch)
     # Reference: count the turn ends before each token in the episode's segment order.
     for rows, e in (((2, 0), 0), ((1,), 1)):
         ends_before = 0
@@ -138,7 +140,7 @@ def test_state_values_give_each_token_its_turns_state_value_across_window_segmen
     # one state per turn end, or a clear error
     batch.episodes[1].turns.pop()
     with pytest.raises(RuntimeError, match="turn ends per episode"):
-        state_values(critic, batch, "text")
+        state_values(critic, batch)
 
 
 def turn_with_state(state: str) -> TurnRecord:

@@ -77,7 +77,7 @@ def one_update(out_path: str, critic_kind: str) -> None:
     stats = MetricAccumulator()
     update(models, kept, scores.select(rows), adv, returns, pad_row, cfg, sizes, generator, stats)
     if critic_kind == "state":
-        fit_state_critic(models, *return_regression(kept, returns, "text"), cfg, stats)
+        fit_state_critic(models, *return_regression(kept, returns, models.state_critic.reads), cfg, stats)
     reduced = stats.reduce()
     critic_metric = "critic/grad_norm" if critic_kind == "model" else "critic/vf_loss"
     grad_norms = torch.tensor([reduced["actor/grad_norm"], reduced[critic_metric]], dtype=torch.float64)

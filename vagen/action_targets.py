@@ -23,8 +23,8 @@ from vagen.rollout.batch import RolloutBatch
 class ActionTurns:
     """The N turns of a batch's episodes (episodes in order, turns in order), A of which acted.
 
-    states:   N critic inputs: each turn's env text grid (TurnRecord.state) or, with state_input
-              "features", its one-hot state vector (TurnRecord.features)
+    states:   N critic inputs: each turn's TurnRecord field `reads` (its env text grid, `state`, or
+              its one-hot state vector, `features`)
     rewards:  (N,) float32 turn rewards
     has_next: (N,) bool, another turn of the same episode follows
     acted:    (A,) long, flat turn index of each acting turn
@@ -41,10 +41,10 @@ class ActionTurns:
     cols: Tensor
 
 
-def action_turns(batch: RolloutBatch, action_tokens: Tensor, state_input: str = "text") -> ActionTurns:
+def action_turns(batch: RolloutBatch, action_tokens: Tensor, reads: str = "state") -> ActionTurns:
     """Gather the turns; an action token whose sampled id is not one of `action_tokens` (K,) (a reply
-    that spelled the action with other tokens) leaves its turn out of the acting ones. `state_input`:
-    what the critic reads of a turn (algo.state_critic_input: text | features)."""
+    that spelled the action with other tokens) leaves its turn out of the acting ones. `reads`: the
+    TurnRecord field the critic reads (its `reads`)."""
     turns = [turn for episode in batch.episodes for turn in episode.turns]
     first_turn = torch.tensor([0] + [len(ep.turns) for ep in batch.episodes]).cumsum(0)  # (E + 1,)
     has_next = torch.ones(len(turns), dtype=torch.bool)
@@ -57,7 +57,7 @@ def action_turns(batch: RolloutBatch, action_tokens: Tensor, state_input: str = 
     episode = batch.episode_ids[rows].cpu()
     acted = first_turn[episode] + batch.token_turn[rows, cols].cpu()
     return ActionTurns(
-        states=[turn.state if state_input == "text" else turn.features for turn in turns],
+        states=[getattr(turn, reads) for turn in turns],
         rewards=torch.tensor([turn.reward for turn in turns], dtype=torch.float32),
         has_next=has_next,
         acted=acted,

@@ -68,7 +68,7 @@ from vagen.metrics import (
 )
 from vagen.models.loading import ValueModel, load_policy, tokenizer_of
 from vagen.models.scoring import token_and_candidate_logprobs, token_logprobs, token_values
-from vagen.models.state_critic import FeatureCritic, StateCritic
+from vagen.models.state_critic import FeatureCritic, StateCritic, TurnCritic
 from vagen.report import end_of_run_report
 from vagen.rollout.assembly import ChatCodec, action_token_ids
 from vagen.rollout.batch import RolloutBatch
@@ -171,9 +171,7 @@ class Models:
     reference: torch.nn.Module | None  # frozen policy; None without KL, or under LoRA (adapter off)
     processor: Any
     generation: Any  # GenerationEngine
-    state_critic: StateCritic | FeatureCritic | None = (
-        None  # critic=state: V(s) (mpo: Q(s, .)) of the env state
-    )
+    state_critic: TurnCritic | None = None  # critic=state: V(s) (mpo: Q(s, .)) of the env state
     state_critic_optim: torch.optim.Optimizer | None = None
     action_tokens: torch.Tensor | None = None  # policy_loss=mpo: (K,) the token of each action name
 
@@ -197,13 +195,14 @@ def build_models(cfg: RunConfig, sizes: DerivedSizes) -> Models:
     policy, processor = load_policy(start, gradient_checkpointing=m.gradient_checkpointing, lora=lora, **load)
     actor = make_deepspeed_engine(policy, cfg.optim.actor_lr, cfg, sizes)
     critic = state_critic = state_critic_optim = action_tokens = None
+    language_env = make_language_env(cfg.env)
     if cfg.algo.policy_loss == "mpo":
         codec = ChatCodec(processor, read_chat_template(cfg.rollout.chat_template))
-        action_tokens = torch.tensor(action_token_ids(codec, make_language_env(cfg.env).action_names))
+        action_tokens = torch.tensor(action_token_ids(codec, language_env.action_names))
     if needs_critic(cfg) and cfg.algo.critic == "state":
         outputs = 1 if action_tokens is None else len(action_tokens)  # mpo: Q(s, a) of every action
         if cfg.algo.state_critic_input == "features":
-            probe, _ = make_language_env(cfg.env).reset(seed=cfg.rollout.seed)
+            probe, _ = language_env.reset(seed=cfg.rollout.seed)
             if probe.features is None:
                 raise ValueError(
                     f"algo.state_critic_input=features: {cfg.env.env_id} has no state_features()"
@@ -278,26 +277,25 @@ def score(models: Models, batch: RolloutBatch, cfg: RunConfig) -> Scores:
     if models.critic is not None:
         values = token_values(models.critic.module, *args)
     elif models.state_critic is not None and cfg.algo.policy_loss != "mpo":
-        values = state_values(models.state_critic, batch, cfg.algo.state_critic_input)
+        values = state_values(models.state_critic, batch)
     return Scores(old_logp, entropy, ref_logp, values, action_logp)
 
 
-def turn_states(batch: RolloutBatch, state_input: str = "text") -> tuple[list, torch.Tensor]:
-    """Every turn's critic input (its env text grid, or with state_input "features" its one-hot state
-    vector), episodes in order, and the packed view's turn ends (E, L') bool."""
+def turn_states(batch: RolloutBatch, reads: str = "state") -> tuple[list, torch.Tensor]:
+    """Every turn's critic input (its TurnRecord field `reads`: the env text grid, `state`, or the
+    one-hot state vector, `features`), episodes in order, and the packed view's turn ends (E, L') bool."""
     turn_end = batch.view.gather(batch.turn_end).bool()
     counts = turn_end.sum(dim=1).tolist()
     if counts != [len(ep.turns) for ep in batch.episodes]:
         raise RuntimeError(
             f"turn ends per episode {counts} != recorded turns {[len(ep.turns) for ep in batch.episodes]}"
         )
-    read = (lambda turn: turn.state) if state_input == "text" else (lambda turn: turn.features)
-    return [read(turn) for episode in batch.episodes for turn in episode.turns], turn_end
+    return [getattr(turn, reads) for episode in batch.episodes for turn in episode.turns], turn_end
 
 
-def state_values(critic: StateCritic | FeatureCritic, batch: RolloutBatch, state_input: str) -> torch.Tensor:
+def state_values(critic: TurnCritic, batch: RolloutBatch) -> torch.Tensor:
     """(B, L): V(s_t) of the state-critic on every adv-masked token of turn t."""
-    states, turn_end = turn_states(batch, state_input)
+    states, turn_end = turn_states(batch, critic.reads)
     flat = critic(states).float()
     _, valid = gather_turns(turn_end.float(), turn_end)  # (E, T): a prefix of each row marks its turns
     per_turn = torch.zeros(valid.shape, dtype=flat.dtype, device=flat.device)
@@ -307,13 +305,13 @@ def state_values(critic: StateCritic | FeatureCritic, batch: RolloutBatch, state
 
 
 def return_regression(
-    batch: RolloutBatch, returns: torch.Tensor, state_input: str
+    batch: RolloutBatch, returns: torch.Tensor, reads: str
 ) -> tuple[list, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:
-    """The V-critic's regression: every turn's critic input, and (V(s_t), R_t) given the critic's
-    values, R_t the estimator's return at the turn's end."""
+    """The V-critic's regression: every turn's critic input (TurnRecord field `reads`), and
+    (V(s_t), R_t) given the critic's values, R_t the estimator's return at the turn's end."""
     if not len(batch):  # the filter may leave a rank without episodes; it still joins every reduction
         return [], lambda values: (values, values.new_zeros(0))
-    states, turn_end = turn_states(batch, state_input)
+    states, turn_end = turn_states(batch, reads)
     per_turn, valid = gather_turns(batch.view.gather(returns), turn_end)
     targets = per_turn[valid].float().to(comm_device())
     return states, lambda values: (values, targets)
@@ -422,7 +420,7 @@ def mpo_update_plan(
     """policy_loss=mpo: refit the Q-critic on this batch (expected SARSA under the rollout policy), then
     the improved policy at every action token from its Q (MPO fits the critic before the policy)."""
     algo, critic = cfg.algo, models.state_critic
-    turns = action_turns(batch, models.action_tokens, algo.state_critic_input)
+    turns = action_turns(batch, models.action_tokens, critic.reads)
     probs = rollout_policy(turns, scores.action_logp, len(models.action_tokens))  # (N, K)
     fit_state_critic(models, turns.states, sarsa_regression(turns, probs, algo.gamma), cfg, stats)
     with torch.no_grad():
@@ -750,7 +748,7 @@ def save(
     )
 
 
-def state_critic_pair(models: Models) -> tuple[StateCritic | FeatureCritic, torch.optim.Optimizer] | None:
+def state_critic_pair(models: Models) -> tuple[TurnCritic, torch.optim.Optimizer] | None:
     return None if models.state_critic is None else (models.state_critic, models.state_critic_optim)
 
 
@@ -845,9 +843,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             models, kept, kept_scores, adv, returns, pad_row, cfg, sizes, generator, stats, targets
         )
         if models.state_critic is not None and plan is None:
-            fit_state_critic(
-                models, *return_regression(kept, returns, cfg.algo.state_critic_input), cfg, stats
-            )
+            fit_state_critic(models, *return_regression(kept, returns, models.state_critic.reads), cfg, stats)
         state["skipped_steps"] += skipped
         timings["time/update_s"] = time.perf_counter() - start
         update_tokens = global_sum(tokens)

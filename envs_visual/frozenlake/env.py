@@ -193,11 +193,8 @@ class VisualFrozenLakeEnv(gymnasium.Env):
     def state_features(self) -> np.ndarray:
         """The true state as one-hots for a privileged critic (the policy never sees it): each cell's
         tile (ice or start, hole, goal) row-major, then the player's cell; float32 (4 * size * size,)."""
-        cells = self.size * self.size
-        tiles = np.zeros((cells, len(set(FEATURE_TILES.values()))), dtype=np.float32)
-        tiles[np.arange(cells), [FEATURE_TILES[letter] for letter in "".join(self.desc)]] = 1.0
-        player = np.zeros(cells, dtype=np.float32)
-        player[self.player[0] * self.size + self.player[1]] = 1.0
+        tiles = np.eye(3, dtype=np.float32)[[FEATURE_TILES[letter] for letter in "".join(self.desc)]]
+        player = np.eye(self.size * self.size, dtype=np.float32)[self.player[0] * self.size + self.player[1]]
         return np.concatenate([tiles.ravel(), player])
 
     def describe_state(self) -> list[Fact]:

@@ -10,8 +10,8 @@ StateCritic reads the state string as UTF-8 bytes at fixed positions (a grid kee
 same offset): byte embedding -> flatten -> MLP -> V (or Q(s, .) of every action); its last layer starts
 at zero, so the values are 0 before any fit. FeatureCritic reads the env's one-hot state vector
 (`state_features()`: a plane per tile kind and one for the player) with the same MLP and default
-initialisation (algo.state_critic_input=features). Both map a list of turn inputs to values through
-`encode` (once per fit) and `values` (every step).
+initialisation (algo.state_critic_input=features). Each names the TurnRecord field it reads (`reads`),
+so the trainer hands every critic its own input without asking the config.
 """
 
 from __future__ import annotations
@@ -23,22 +23,48 @@ from torch import nn
 PAD_BYTE = 256  # one past the byte values
 
 
-class StateCritic(nn.Module):
+def value_mlp(in_features: int, hidden: int, outputs: int) -> nn.Sequential:
+    """in_features -> hidden -> hidden -> outputs, ReLU between: the body of both critics."""
+    return nn.Sequential(
+        nn.Linear(in_features, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, outputs),
+    )
+
+
+class TurnCritic(nn.Module):
+    """What both critics share: `reads` names the TurnRecord field a turn's input is read from; each
+    subclass's `encode` (once per fit) turns a list of those inputs into a tensor and its `values` (every
+    step) maps that through `head` to (N,) values, or (N, K) Q-values with `outputs` K > 1."""
+
+    reads: str
+
+    def __init__(self, outputs: int) -> None:
+        super().__init__()
+        self.outputs = outputs
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.mlp(x)  # (N, K)
+        return out.squeeze(-1) if self.outputs == 1 else out
+
+    def forward(self, states: list) -> torch.Tensor:
+        """(N,) float32 values, or (N, K)."""
+        return self.values(self.encode(states))
+
+
+class StateCritic(TurnCritic):
     """V(s) for a list of state strings of at most `max_bytes` UTF-8 bytes each; with `outputs` K > 1,
     Q(s, a) of K actions instead (the mpo policy loss)."""
 
+    reads = "state"  # TurnRecord.state: the env's text grid
+
     def __init__(self, max_bytes: int = 256, embed_dim: int = 8, hidden: int = 256, outputs: int = 1) -> None:
-        super().__init__()
+        super().__init__(outputs)
         self.max_bytes = max_bytes
-        self.outputs = outputs
         self.embed = nn.Embedding(PAD_BYTE + 1, embed_dim, padding_idx=PAD_BYTE)
-        self.mlp = nn.Sequential(
-            nn.Linear(max_bytes * embed_dim, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, outputs),
-        )
+        self.mlp = value_mlp(max_bytes * embed_dim, hidden, outputs)
         nn.init.zeros_(self.mlp[-1].weight)
         nn.init.zeros_(self.mlp[-1].bias)
 
@@ -58,37 +84,27 @@ class StateCritic(nn.Module):
     def values(self, ids: torch.Tensor) -> torch.Tensor:
         """(N,) float32 values of encoded states (N, max_bytes), (N, K) with K outputs: encode once,
         evaluate many times."""
-        out = self.mlp(self.embed(ids).flatten(1))  # embed: (N, max_bytes, embed_dim); out (N, K)
-        return out.squeeze(-1) if self.outputs == 1 else out
-
-    def forward(self, states: list[str]) -> torch.Tensor:
-        """(N,) float32 values, or (N, K)."""
-        return self.values(self.encode(states))
+        return self.head(self.embed(ids).flatten(1))  # embed: (N, max_bytes, embed_dim)
 
 
-class FeatureCritic(nn.Module):
+class FeatureCritic(TurnCritic):
     """V(s) (or Q(s, .) with `outputs` K > 1) for a list of float state vectors of `in_features` each."""
 
+    reads = "features"  # TurnRecord.features: the env's state_features()
+
     def __init__(self, in_features: int, hidden: int = 256, outputs: int = 1) -> None:
-        super().__init__()
+        super().__init__(outputs)
         self.in_features = in_features
-        self.outputs = outputs
-        self.mlp = nn.Sequential(
-            nn.Linear(in_features, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, outputs),
-        )
+        self.mlp = value_mlp(in_features, hidden, outputs)
 
     def encode(self, states: list[np.ndarray | None]) -> torch.Tensor:
         """(N, in_features) float32: the vectors stacked."""
-        if any(state is None or state.shape != (self.in_features,) for state in states):
-            bad = next(state for state in states if state is None or state.shape != (self.in_features,))
-            raise ValueError(
-                "algo.state_critic_input=features needs the env's state_features() of "
-                f"{self.in_features} values on every turn, got {None if bad is None else bad.shape}"
-            )
+        for state in states:
+            if state is None or state.shape != (self.in_features,):
+                raise ValueError(
+                    "algo.state_critic_input=features needs the env's state_features() of "
+                    f"{self.in_features} values on every turn, got {None if state is None else state.shape}"
+                )
         device = self.mlp[0].weight.device
         if not states:
             return torch.zeros(0, self.in_features, device=device)
@@ -96,9 +112,4 @@ class FeatureCritic(nn.Module):
 
     def values(self, encoded: torch.Tensor) -> torch.Tensor:
         """(N,) float32 values of encoded states (N, in_features), (N, K) with K outputs."""
-        out = self.mlp(encoded)
-        return out.squeeze(-1) if self.outputs == 1 else out
-
-    def forward(self, states: list[np.ndarray | None]) -> torch.Tensor:
-        """(N,) float32 values, or (N, K)."""
-        return self.values(self.encode(states))
+        return self.head(encoded)

@@ -23,6 +23,7 @@ def one_update(out_path: str, critic_kind: str) -> None:
     import torch.distributed as dist
 
     from vagen.config import derived_sizes, load_config
+    from vagen.critic_fit import fit_state_critic, return_regression
     from vagen.metrics import MetricAccumulator
     from vagen.rollout.manager import RolloutManager
     from vagen.trainer import (
@@ -30,9 +31,7 @@ def one_update(out_path: str, critic_kind: str) -> None:
         advantages,
         build_models,
         filter_groups,
-        fit_state_critic,
         init_distributed,
-        return_regression,
         score,
         seed_everything,
         update,
@@ -77,7 +76,15 @@ def one_update(out_path: str, critic_kind: str) -> None:
     stats = MetricAccumulator()
     update(models, kept, scores.select(rows), adv, returns, pad_row, cfg, sizes, generator, stats)
     if critic_kind == "state":
-        fit_state_critic(models, *return_regression(kept, returns, models.state_critic.reads), cfg, stats)
+        states, regression = return_regression(kept, returns, models.state_critic.reads)
+        fit_state_critic(
+            models.state_critic,
+            models.state_critic_optim,
+            states,
+            regression,
+            cfg.algo.state_critic_steps,
+            stats,
+        )
     reduced = stats.reduce()
     critic_metric = "critic/grad_norm" if critic_kind == "model" else "critic/vf_loss"
     grad_norms = torch.tensor([reduced["actor/grad_norm"], reduced[critic_metric]], dtype=torch.float64)

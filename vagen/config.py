@@ -174,6 +174,13 @@ class AlgoConfig:
             "over the actions; 1 = the full-vocabulary cross-entropy, 0 = the actions' logits alone"
         },
     )
+    mpo_mass_floor: float = field(
+        default=1.0,
+        metadata={
+            "help": "mpo: the mass term pulls only on turns whose action-token mass is below this floor, as "
+            "mass_coef * max(log floor - log mass, 0); 1 = on every turn (-mass_coef * log mass)"
+        },
+    )
     filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "StarPO-S group filter"})
 
 
@@ -404,6 +411,11 @@ def validate(cfg: RunConfig) -> None:
     )
     _require(algo.mpo_eta > 0.0, "algo.mpo_eta", f"must be > 0, got {algo.mpo_eta}")
     _require(algo.mpo_mass_coef >= 0.0, "algo.mpo_mass_coef", f"must be >= 0, got {algo.mpo_mass_coef}")
+    _require(
+        0.0 < algo.mpo_mass_floor <= 1.0,
+        "algo.mpo_mass_floor",
+        f"must lie in (0, 1], got {algo.mpo_mass_floor}",
+    )
     _require(
         0.0 <= algo.mpo_uniform_mix < 1.0,
         "algo.mpo_uniform_mix",

@@ -15,11 +15,8 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import random
-import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import transformers
-from deepspeed.accelerator import get_accelerator
 from deepspeed.utils import safe_get_full_grad, safe_set_full_grad
 
 from envs_visual.language import PROMPT_FORMATS
@@ -47,8 +43,6 @@ from vagen.algo import (
     GROUP_FILTERS,
     AdvantageInputs,
     AdvantageParams,
-    broadcast_turns,
-    gather_turns,
     kl,
     masked_mean,
     ppo_policy_loss,
@@ -56,6 +50,8 @@ from vagen.algo import (
 )
 from vagen.algo.mpo import action_target_loss
 from vagen.config import ConfigError, DerivedSizes, RunConfig, as_dict, derived_sizes, needs_critic, to_yaml
+from vagen.critic_fit import fit_state_critic, return_regression, state_values
+from vagen.distributed import comm_device, global_sum, init_distributed
 from vagen.metrics import (
     Alarms,
     MetricAccumulator,
@@ -80,31 +76,6 @@ from vagen.viz.html import write_step_page
 
 # ----------------------------------------------------------------------------------------------
 # start-up: processes, seeds, engines
-
-
-def init_distributed() -> tuple[int, int]:
-    """Join the process group; returns (rank, world size).
-
-    Launchers (deepspeed, torchrun) set RANK / WORLD_SIZE / MASTER_*; a plain `python vagen/train.py`
-    gets a one-process group on a free local port. Backend: nccl on GPUs, gloo on CPU.
-    """
-    if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(
-            RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-        )
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
-def comm_device() -> torch.device:
-    """Where collective tensors live: the rank's GPU under nccl, the CPU under gloo."""
-    return torch.device(get_accelerator().current_device_name())
 
 
 def seed_everything(seed: int, rank: int) -> None:
@@ -281,78 +252,6 @@ def score(models: Models, batch: RolloutBatch, cfg: RunConfig) -> Scores:
     return Scores(old_logp, entropy, ref_logp, values, action_logp)
 
 
-def turn_states(batch: RolloutBatch, reads: str = "state") -> tuple[list, torch.Tensor]:
-    """Every turn's critic input (its TurnRecord field `reads`: the env text grid, `state`, or the
-    one-hot state vector, `features`), episodes in order, and the packed view's turn ends (E, L') bool."""
-    turn_end = batch.view.gather(batch.turn_end).bool()
-    counts = turn_end.sum(dim=1).tolist()
-    if counts != [len(ep.turns) for ep in batch.episodes]:
-        raise RuntimeError(
-            f"turn ends per episode {counts} != recorded turns {[len(ep.turns) for ep in batch.episodes]}"
-        )
-    return [getattr(turn, reads) for episode in batch.episodes for turn in episode.turns], turn_end
-
-
-def state_values(critic: TurnCritic, batch: RolloutBatch) -> torch.Tensor:
-    """(B, L): V(s_t) of the state-critic on every adv-masked token of turn t."""
-    states, turn_end = turn_states(batch, critic.reads)
-    flat = critic(states).float()
-    _, valid = gather_turns(turn_end.float(), turn_end)  # (E, T): a prefix of each row marks its turns
-    per_turn = torch.zeros(valid.shape, dtype=flat.dtype, device=flat.device)
-    per_turn[valid.to(flat.device)] = flat  # row-major: episodes in order, turns in order
-    packed = broadcast_turns(per_turn, turn_end, batch.view.mask)
-    return batch.view.scatter(packed, like=batch.token_rewards)
-
-
-def return_regression(
-    batch: RolloutBatch, returns: torch.Tensor, reads: str
-) -> tuple[list, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]]:
-    """The V-critic's regression: every turn's critic input (TurnRecord field `reads`), and
-    (V(s_t), R_t) given the critic's values, R_t the estimator's return at the turn's end."""
-    if not len(batch):  # the filter may leave a rank without episodes; it still joins every reduction
-        return [], lambda values: (values, values.new_zeros(0))
-    states, turn_end = turn_states(batch, reads)
-    per_turn, valid = gather_turns(batch.view.gather(returns), turn_end)
-    targets = per_turn[valid].float().to(comm_device())
-    return states, lambda values: (values, targets)
-
-
-def fit_state_critic(
-    models: Models,
-    states: list[str],
-    regression: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-    cfg: RunConfig,
-    stats: MetricAccumulator,
-) -> None:
-    """`algo.state_critic_steps` full-batch steps of 0.5 (prediction - target)^2 on every rank, where
-    `regression` maps the critic's outputs on `states` ((N,) V, or (N, K) Q) to (predictions, targets).
-
-    Gradients are summed over ranks (named reduction), divided by the global count of predictions, so
-    every rank applies the same step.
-    """
-    critic, optim = models.state_critic, models.state_critic_optim
-    ids = critic.encode(states)  # the byte loop once, not once per step
-    count = None
-    for step in range(cfg.algo.state_critic_steps):
-        optim.zero_grad()
-        predicted, targets = regression(critic.values(ids))
-        if step == 0:  # the values the advantages used (the critic has not moved since scoring)
-            before, first_targets = predicted.detach(), targets
-            count = max(global_sum(len(targets)), 1.0)
-        loss = 0.5 * (predicted - targets).pow(2).sum() / count
-        loss.backward()
-        for p in critic.parameters():
-            dist.all_reduce(p.grad)  # named reduction: SUM of each rank's share of the mean loss
-        optim.step()
-    stats.add(
-        "critic/vf_loss",
-        0.5 * (before - first_targets).pow(2).mean().item() if len(before) else 0.0,
-        len(before),
-    )
-    ones = torch.ones_like(first_targets, dtype=torch.bool)
-    add_value_moments(stats, before, first_targets, ones)  # explained variance before this fit
-
-
 def filter_groups(batch: RolloutBatch, cfg: RunConfig, world: int) -> tuple[torch.Tensor, int, int]:
     """StarPO-S over the groups of all ranks; returns (this rank's kept rows, kept groups, all groups).
 
@@ -422,7 +321,10 @@ def mpo_update_plan(
     algo, critic = cfg.algo, models.state_critic
     turns = action_turns(batch, models.action_tokens, critic.reads)
     probs = rollout_policy(turns, scores.action_logp, len(models.action_tokens))  # (N, K)
-    fit_state_critic(models, turns.states, sarsa_regression(turns, probs, algo.gamma), cfg, stats)
+    fit_state_critic(
+        critic, models.state_critic_optim, turns.states, sarsa_regression(turns, probs, algo.gamma),
+        algo.state_critic_steps, stats,
+    )  # fmt: skip
     with torch.no_grad():
         q = critic(turns.states).float() if turns.states else probs.new_zeros(probs.shape)  # (N, K)
     stats.add("critic/q_mean", q.mean().item() if len(q) else 0.0, len(q))
@@ -482,12 +384,6 @@ def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, size: int, count: i
         parts.insert(0, ordered[cut[k][j] : j])
         j, k = cut[k][j], k - 1
     return parts + [ordered[:0]] * (count - len(parts))
-
-
-def global_sum(value: float) -> float:
-    t = torch.tensor([float(value)], dtype=torch.float64, device=comm_device())
-    dist.all_reduce(t)  # named reduction: SUM over ranks
-    return float(t.item())
 
 
 def guarded_step(engine, max_grad_norm: float) -> tuple[float, bool]:
@@ -553,9 +449,17 @@ def actor_loss(models: Models, mb: MicroBatch, cfg: RunConfig, stats: MetricAccu
     mask = part.loss_mask
     if mpo:
         acting = action_target_mask(mb.targets)  # (b, l)
-        loss = action_target_loss(action_logp[acting], mb.targets[acting], algo.mpo_mass_coef)
+        loss = action_target_loss(
+            action_logp[acting], mb.targets[acting], algo.mpo_mass_coef, algo.mpo_mass_floor
+        )
         loss = loss * mb.policy_weight
         stats.add("actor/mpo_loss", loss.item() / max(mb.policy_weight, 1e-12), int(acting.sum()))
+        action_mass = action_logp[acting].detach().logsumexp(dim=-1).exp()  # the reply format's hold
+        stats.add(
+            "actor/action_mass",
+            action_mass.mean().item() if action_mass.numel() else 1.0,
+            action_mass.numel(),
+        )
         log_ratio = torch.where(mask, logp - mb.scores.old_logp, 0.0).detach()  # k3 estimate, as PPO's stats
         approx_kl = masked_mean(log_ratio.exp() - 1 - log_ratio, mask).item()
         stats.add("actor/approx_kl", approx_kl, mask.sum().item())
@@ -843,7 +747,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
             models, kept, kept_scores, adv, returns, pad_row, cfg, sizes, generator, stats, targets
         )
         if models.state_critic is not None and plan is None:
-            fit_state_critic(models, *return_regression(kept, returns, models.state_critic.reads), cfg, stats)
+            states, regression = return_regression(kept, returns, models.state_critic.reads)
+            critic, optim = models.state_critic, models.state_critic_optim
+            fit_state_critic(critic, optim, states, regression, cfg.algo.state_critic_steps, stats)
         state["skipped_steps"] += skipped
         timings["time/update_s"] = time.perf_counter() - start
         update_tokens = global_sum(tokens)

@@ -51,8 +51,8 @@ TASK_RECIPES = {
     "sokoban": "configs/sokoban_tiny.yaml",
     "frozenlake_slippery": "configs/frozenlake_slippery_tiny.yaml",
 }
-# minutes of RL per run asked by the issue (Sokoban gets twice the FrozenLake budget)
-TASK_MINUTES = {"frozenlake": 30.0, "sokoban": 60.0, "frozenlake_slippery": 30.0}
+# minutes of RL per run asked by the issue, by the recipe's env (Sokoban gets twice the FrozenLake budget)
+ENV_MINUTES = {"envs_visual/Sokoban-v0": 60.0, "envs_visual/FrozenLake-v0": 30.0}
 ALGORITHMS = ("gae", "grpo", "bilevel_gae", "bilevel_gae+starpo_s", "gigpo", "mpo")
 # mpo is a policy update, not an advantage estimator: a privileged Q(s, a) critic and an all-action target
 MPO = ["algo.policy_loss=mpo", "algo.critic=state"]
@@ -92,6 +92,12 @@ def task_name(task: str) -> str:
     return task if task in TASK_RECIPES else Path(task).stem
 
 
+def default_minutes(task: str) -> float:
+    """The issue's RL budget for the task's env: 60 minutes for Sokoban recipes, 30 otherwise."""
+    env_id = yaml.safe_load(recipe_of(task).read_text()).get("env", {}).get("env_id")
+    return ENV_MINUTES.get(env_id, 30.0)
+
+
 @dataclass
 class Run:
     """One training subprocess and what the summary needs to know about it."""
@@ -117,7 +123,7 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
     runs = []
     for task in args.tasks:
         name = task_name(task)
-        minutes = args.minutes if args.minutes is not None else TASK_MINUTES.get(name, 30.0)
+        minutes = args.minutes if args.minutes is not None else default_minutes(task)
         for seed in args.seeds:
             for algo in args.algos:
                 run_dir = Path(args.runs_root) / f"{name}-{algo.replace('+', '-')}-s{seed}"

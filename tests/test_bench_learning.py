@@ -56,3 +56,9 @@ def test_algorithm_names_and_modifiers():
         learning.algorithm_overrides("ppo2")
     with pytest.raises(SystemExit, match="modifier"):
         learning.algorithm_overrides("grpo+dapo")
+
+
+def test_default_budget_follows_the_recipes_env():
+    assert learning.default_minutes("sokoban") == 60.0
+    assert learning.default_minutes("configs/sokoban_mpo_tiny.yaml") == 60.0  # a path, not a task name
+    assert learning.default_minutes("configs/frozenlake_slippery_mpo_tiny.yaml") == 30.0

@@ -35,6 +35,8 @@ def test_the_recipe_set_is_complete():
         "frozenlake_tiny",
         "frozenlake_mpo_tiny",
         "frozenlake_text_mpo_tiny",
+        "frozenlake_slippery_mpo_tiny",
+        "sokoban_mpo_tiny",
         "frozenlake_slippery_tiny",
         "frozenlake_text_tiny",
         "sokoban_tiny",
@@ -137,6 +139,27 @@ def test_mpo_recipes_keep_the_measured_settings():
         "mpo_mass_coef": 0.1,
     }
     assert not visual.env.action_feedback and visual.env.env_kwargs["tile_style"] == "flat"
+
+
+def test_sokoban_and_slippery_mpo_recipes_change_only_what_their_task_needs():
+    """sokoban_mpo_tiny and frozenlake_slippery_mpo_tiny are frozenlake_mpo_tiny on another env: Sokoban
+    without exploring starts (it has no random start cell); slippery FrozenLake with 16 turns, gamma 0.98
+    and eta 0.25 (the recipe's comment says why)."""
+    base, sokoban, slippery = (
+        recipe(n) for n in ("frozenlake_mpo_tiny", "sokoban_mpo_tiny", "frozenlake_slippery_mpo_tiny")
+    )
+    assert asdict(sokoban.algo) == asdict(base.algo) and sokoban.optim == base.optim
+    assert asdict(sokoban.rollout) == asdict(base.rollout) | {"random_start": 0.0}
+    assert sokoban.env.env_kwargs == {
+        "dim_room": [6, 6], "num_boxes": 1, "max_steps": 10, "min_optimal_steps": 1, "max_optimal_steps": 5,
+        "tile_style": "flat",
+    }  # fmt: skip
+    assert asdict(slippery.algo) == asdict(base.algo) | {"gamma": 0.98, "mpo_eta": 0.25}
+    assert asdict(slippery.rollout) == asdict(base.rollout) | {"max_turns": 16, "max_actions_per_episode": 16}
+    assert slippery.env.env_kwargs == base.env.env_kwargs | {"is_slippery": True, "max_steps": 16}
+    for cfg in (sokoban, slippery):
+        env_fields = asdict(cfg.env) | {"env_id": base.env.env_id, "env_kwargs": base.env.env_kwargs}
+        assert env_fields == asdict(base.env) and cfg.optim == base.optim
 
 
 def test_slippery_recipe_lets_the_policy_react_after_every_slip():

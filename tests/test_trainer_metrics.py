@@ -1,11 +1,18 @@
 """Metric reduction and collapse alarms."""
 
 import math
+from types import SimpleNamespace
 
 import torch
 
-from vagen.config import AlarmConfig
-from vagen.metrics import Alarms, MetricAccumulator, add_value_moments, with_explained_variance
+from vagen.config import AlarmConfig, RunConfig
+from vagen.metrics import (
+    Alarms,
+    MetricAccumulator,
+    add_value_moments,
+    scoring_metrics,
+    with_explained_variance,
+)
 
 
 def test_accumulator_weights_items_not_calls():
@@ -79,3 +86,17 @@ def test_grounding_f1_is_logged_for_formats_with_an_observation_and_malformed_re
     free_think = MetricAccumulator()
     rollout_metrics(batch, tokenizer, free_think, ())
     assert "train/grounding_f1" not in free_think.reduce()
+
+
+def test_logprob_gap_compares_the_engine_and_the_trainer_on_sampled_tokens_only():
+    # loss tokens 1 and 2: |-1 - (-1.5)| = 0.5 and |-2 - (-1)| = 1; the prompt tokens' 5.0 gap is ignored
+    batch = SimpleNamespace(
+        loss_mask=torch.tensor([[False, True, True, False]]),
+        rollout_logprobs=torch.tensor([[0.0, -1.0, -2.0, 0.0]]),
+    )
+    scores = SimpleNamespace(
+        old_logp=torch.tensor([[5.0, -1.5, -1.0, 0.3]]), entropy=torch.zeros(1, 4), ref_logp=None
+    )
+    stats = MetricAccumulator()
+    scoring_metrics(batch, scores, RunConfig(), stats)
+    assert math.isclose(stats.reduce()["rollout/logprob_gap"], 0.75)

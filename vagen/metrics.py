@@ -135,9 +135,13 @@ def rollout_metrics(
 
 
 def scoring_metrics(batch: RolloutBatch, scores, cfg: RunConfig, stats: MetricAccumulator) -> None:
-    """actor/entropy and actor/kl of the policy at rollout time (`scores`: vagen.trainer.Scores)."""
+    """actor/entropy and actor/kl of the policy at rollout time (`scores`: vagen.trainer.Scores), and
+    rollout/logprob_gap: mean |engine log-prob - trainer log-prob| of the sampled tokens, which is large
+    when the engine samples from other weights or other inputs than the trainer scores."""
     tokens = batch.loss_mask.sum().item()
     stats.add("actor/entropy", masked_entropy_mean(scores.entropy, batch.loss_mask).item(), tokens)
+    gap = (batch.rollout_logprobs.to(scores.old_logp.device) - scores.old_logp).abs()
+    stats.add("rollout/logprob_gap", masked_mean(gap, batch.loss_mask).item(), tokens)
     if scores.ref_logp is not None:
         ref_kl = masked_mean(kl(scores.old_logp, scores.ref_logp, cfg.algo.kl_kind), batch.loss_mask)
         stats.add("actor/kl", ref_kl.item(), tokens)

@@ -321,10 +321,8 @@ def mpo_update_plan(
     algo, critic = cfg.algo, models.state_critic
     turns = action_turns(batch, models.action_tokens, critic.reads)
     probs = rollout_policy(turns, scores.action_logp, len(models.action_tokens))  # (N, K)
-    fit_state_critic(
-        critic, models.state_critic_optim, turns.states, sarsa_regression(turns, probs, algo.gamma),
-        algo.state_critic_steps, stats,
-    )  # fmt: skip
+    regression = sarsa_regression(turns, probs, algo.gamma)
+    fit_state_critic(*state_critic_pair(models), turns.states, regression, algo.state_critic_steps, stats)
     with torch.no_grad():
         q = critic(turns.states).float() if turns.states else probs.new_zeros(probs.shape)  # (N, K)
     stats.add("critic/q_mean", q.mean().item() if len(q) else 0.0, len(q))
@@ -449,12 +447,11 @@ def actor_loss(models: Models, mb: MicroBatch, cfg: RunConfig, stats: MetricAccu
     mask = part.loss_mask
     if mpo:
         acting = action_target_mask(mb.targets)  # (b, l)
-        loss = action_target_loss(
-            action_logp[acting], mb.targets[acting], algo.mpo_mass_coef, algo.mpo_mass_floor
-        )
+        acting_logp = action_logp[acting]  # (n, K): the acting turns' action-token log-probs
+        loss = action_target_loss(acting_logp, mb.targets[acting], algo.mpo_mass_coef, algo.mpo_mass_floor)
         loss = loss * mb.policy_weight
         stats.add("actor/mpo_loss", loss.item() / max(mb.policy_weight, 1e-12), int(acting.sum()))
-        action_mass = action_logp[acting].detach().logsumexp(dim=-1).exp()  # the reply format's hold
+        action_mass = acting_logp.detach().logsumexp(dim=-1).exp()  # the reply format's hold
         stats.add(
             "actor/action_mass",
             action_mass.mean().item() if action_mass.numel() else 1.0,
@@ -748,8 +745,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         )
         if models.state_critic is not None and plan is None:
             states, regression = return_regression(kept, returns, models.state_critic.reads)
-            critic, optim = models.state_critic, models.state_critic_optim
-            fit_state_critic(critic, optim, states, regression, cfg.algo.state_critic_steps, stats)
+            steps = cfg.algo.state_critic_steps
+            fit_state_critic(*state_critic_pair(models), states, regression, steps, stats)
         state["skipped_steps"] += skipped
         timings["time/update_s"] = time.perf_counter() - start
         update_tokens = global_sum(tokens)

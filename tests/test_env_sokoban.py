@@ -206,3 +206,20 @@ def test_flat_tiles_are_distinct_solid_colours():
         for j in range(i):
             assert np.abs(tiles[i] - tiles[j]).mean() > 30, (TILE_NAMES[i], TILE_NAMES[j])
     assert "blue cell is you" in env.image_legend
+
+
+def test_random_start_lies_on_a_shortest_solution_and_keeps_the_level():
+    env = make(dim_room=(6, 6), num_boxes=1, min_optimal_steps=2, max_optimal_steps=5)
+    moved = 0
+    for seed in range(30):
+        _, plain = env.reset(seed=seed)
+        layout, solution = env.layout_key, solve(env.layout_key)
+        _, info = env.reset(seed=seed, options={"random_start": 1.0})
+        assert env.layout_key == layout  # the same level: the start draws come after it
+        remaining = solve(to_xsb(env.level))
+        assert info["optimal_steps"] == len(remaining) and not info["success"] and env.num_steps == 0
+        assert plain["optimal_steps"] - info["optimal_steps"] in range(len(solution))
+        moved += info["optimal_steps"] < plain["optimal_steps"]
+        env.reset(seed=seed, options={"random_start": 1.0})  # another member of the group
+        assert solve(to_xsb(env.level)) == remaining
+    assert 10 < moved < 30  # most starts move along the path; the level's own start stays a draw

@@ -139,17 +139,19 @@ def test_mpo_recipes_keep_the_measured_settings():
         "mpo_mass_coef": 0.1,
     }
     assert not visual.env.action_feedback and visual.env.env_kwargs["tile_style"] == "flat"
+    assert visual.perception.enabled and not text.perception.enabled  # the visual policy starts able to see
 
 
 def test_sokoban_and_slippery_mpo_recipes_change_only_what_their_task_needs():
     """sokoban_mpo_tiny and frozenlake_slippery_mpo_tiny are frozenlake_mpo_tiny on another env: Sokoban
-    without exploring starts (it has no random start cell); slippery FrozenLake with 16 turns, gamma 0.98
-    and eta 0.25 (the recipe's comment says why)."""
+    with all of it (perception pretraining, exploring starts); slippery FrozenLake with 16 turns, gamma
+    0.98 and eta 0.25 (the recipe's comment says why) and, as measured, without perception pretraining."""
     base, sokoban, slippery = (
         recipe(n) for n in ("frozenlake_mpo_tiny", "sokoban_mpo_tiny", "frozenlake_slippery_mpo_tiny")
     )
     assert asdict(sokoban.algo) == asdict(base.algo) and sokoban.optim == base.optim
-    assert asdict(sokoban.rollout) == asdict(base.rollout) | {"random_start": 0.0}
+    assert asdict(sokoban.rollout) == asdict(base.rollout)
+    assert sokoban.perception == base.perception and not slippery.perception.enabled
     assert sokoban.env.env_kwargs == {
         "dim_room": [6, 6], "num_boxes": 1, "max_steps": 10, "min_optimal_steps": 1, "max_optimal_steps": 5,
         "tile_style": "flat",

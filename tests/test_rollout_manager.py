@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from envs_visual.sokoban import SokobanEnv
 from vagen.models.loading import load_policy, load_processor, model_inputs
 from vagen.models.scoring import token_logprobs
 from vagen.rollout.config import EnvConfig, RolloutConfig
@@ -191,13 +192,14 @@ def test_evaluate_plays_the_fixed_validation_levels(processor):
     assert again == summary
 
 
-def test_random_start_reaches_training_episodes_only(processor):
+def test_random_start_reaches_training_episodes_only(processor, monkeypatch):
     m = manager(processor, [GOOD], num_groups=8, group_size=2, max_turns=1, random_start=1.0)
     starts = [ep.turns[0].state for ep in m.train_batch().episodes]
     assert all(starts[i] == starts[i + 1] for i in range(0, 16, 2))  # a group shares its start
     assert any("S" in state for state in starts)  # the player stands elsewhere: S shows
     _, validation = evaluate(m, num_levels=8, group_size=1)
     assert all("S" not in ep.turns[0].state for ep in validation)  # validation starts on S
+    monkeypatch.setattr(SokobanEnv, "supports_random_start", False)  # an env without exploring starts
     with pytest.raises(ValueError, match="random_start"):
         manager(processor, [GOOD], env_id="envs_visual/Sokoban-v0", random_start=0.5)
 

@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 
 import envs_visual  # noqa: F401
 from envs_visual.language import PROMPT_FORMATS, LanguageEnv, parse_reply
+from envs_visual.sokoban import SokobanEnv
 from vagen.models.loading import load_policy
 from vagen.rollout.assembly import ChatCodec
 from vagen.rollout.batch import build_batch
@@ -191,7 +192,7 @@ def test_cache_key_changes_with_every_input(tiny_vlm_path):
     assert warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig(random_start=0.5)) != key
 
 
-def test_teacher_exploring_starts_leave_the_start_cell_and_stay_solved():
+def test_teacher_exploring_starts_leave_the_start_cell_and_stay_solved(monkeypatch):
     seeds = SeedSchedule(0, 0, 10**6).next_train(32, 1)
     plain, _ = play_teacher_episodes(ENV, ROLLOUT, None, seeds, "solver", seed=0)
     explored, _ = play_teacher_episodes(ENV, ROLLOUT, None, seeds, "solver", seed=0, random_start=1.0)
@@ -200,6 +201,7 @@ def test_teacher_exploring_starts_leave_the_start_cell_and_stay_solved():
     with pytest.raises(ValueError, match="sft.random_start must lie in"):
         SFTConfig(random_start=-0.1)
     sokoban = EnvConfig(env_id="envs_visual/Sokoban-v0")
+    monkeypatch.setattr(SokobanEnv, "supports_random_start", False)  # an env without exploring starts
     with pytest.raises(ValueError, match="sft.random_start=0.5 needs an env with random starts"):
         run_sft("tiny-vlm", sokoban, ROLLOUT, SFTConfig(random_start=0.5))
 

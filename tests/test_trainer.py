@@ -35,6 +35,7 @@ def tiny_overrides(run_dir: Path, **extra) -> list[str]:
     """G=2 groups x n=2, 2 turns, 16 new tokens, 2 validation episodes: a step takes about a second."""
     base = {
         "model.warm_start": "none",  # the untrained tiny model: no SFT before the test
+        "perception.enabled": "false",  # and no perception pretraining (the mpo recipes turn it on)
         "rollout.engine": "hf",  # deterministic, no engine start-up
         "trainer.run_dir": str(run_dir),
         "trainer.steps": 2,

@@ -118,8 +118,8 @@ class SFTConfig:
     random_start: float = field(
         default=0.0,
         metadata={
-            "help": "exploring starts: share of teacher episodes that start on a random cell that can "
-            "reach the goal (FrozenLake), for more varied states; evaluation starts on the level's start"
+            "help": "exploring starts: share of teacher episodes that start off the level's start (as "
+            "rollout.random_start), for more varied states; evaluation starts on the level's start"
         },
     )
     cache_dir: str = field(default="", metadata={"help": "where warm starts are kept; '' = $VAGEN_CACHE/sft"})

@@ -60,6 +60,7 @@ class SokobanEnv(gymnasium.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
     action_names = ACTION_NAMES
     instruction = INSTRUCTION
+    supports_random_start = True
     text_legend = TEXT_LEGEND
     example_facts = (("box", "below"), ("box", "same column"), ("target", "below"), ("target", "left"))
 
@@ -112,7 +113,11 @@ class SokobanEnv(gymnasium.Env):
         self.num_steps = 0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """options: {"level": xsb} plays the given level instead of generating one from the seed."""
+        """options: {"level": xsb} plays the given level instead of generating one from the seed;
+        {"random_start": q} starts, with probability q, on a state drawn uniformly from those a shortest
+        solution passes through before it solves the level (the start included): exploring starts for
+        training, as FrozenLake's. The draws come from the reset seed after the level's, so a seed
+        gives the same level with or without them and the members of a group share the start."""
         super().reset(seed=seed)
         options = options or {}
         if "level" in options:
@@ -125,6 +130,13 @@ class SokobanEnv(gymnasium.Env):
         self.level = level
         self.layout_key = level.layout_key()
         self._static_codes = np.where(level.walls, WALL_CODE, level.targets.astype(np.int64))
+        start_draw, start_pick = self.np_random.random(), self.np_random.random()
+        if start_draw < float(options.get("random_start", 0.0)) and self.optimal_steps:
+            path = self.optimal_actions(self.optimal_steps)
+            skipped = int(start_pick * len(path))
+            for action in path[:skipped]:
+                self.step(action)
+            self.optimal_steps -= skipped
         self.num_steps = 0
         return self._observation(), self._info(action_is_effective=False)
 

@@ -105,8 +105,9 @@ class RolloutConfig:
     random_start: float = field(
         default=0.0,
         metadata={
-            "help": "exploring starts: share of training levels whose episodes start on a random cell "
-            "that can reach the goal (FrozenLake); validation always starts on the level's start"
+            "help": "exploring starts: share of training levels whose episodes start off the level's "
+            "start (FrozenLake: a random cell that can reach the goal; Sokoban: a state on a shortest "
+            "solution); validation always starts on the level's start"
         },
     )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})

@@ -115,7 +115,9 @@ class Run:
         return [sys.executable, "vagen/train.py", "--config", self.recipe, *self.overrides]
 
     def solver_command(self) -> list[str]:
-        shared = [o for o in self.overrides if o.startswith(("rollout.", "env.", "sft.", "model."))]
+        """vagen.sft with the solver teacher, on the run's env, levels and start model (perception too)."""
+        prefixes = ("rollout.", "env.", "sft.", "model.", "perception.")
+        shared = [o for o in self.overrides if o.startswith(prefixes)]
         return [sys.executable, "-m", "vagen.sft", "--config", self.recipe, "--teacher", "solver", *shared]
 
 
@@ -449,7 +451,7 @@ def summarize(run_dirs: list[Path], results: Path) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -468,7 +470,11 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--summarize-only", nargs="+", metavar="DIR", help="table + plots from run folders")
     parser.add_argument("overrides", nargs="*", help="extra dotted overrides for every run (after --)")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     if args.summarize_only:
         summarize(find_run_dirs(args.summarize_only), Path(args.results))
         return

@@ -58,6 +58,25 @@ def test_algorithm_names_and_modifiers():
         learning.algorithm_overrides("grpo+dapo")
 
 
+def test_solver_reference_shares_the_runs_env_levels_and_start_model():
+    args = learning.parse_args(
+        ["--tasks", "configs/frozenlake_mpo_tiny.yaml", "--algos", "mpo", "--seeds", "1"]
+        + ["--", "perception.enabled=false", "env.env_kwargs.max_steps=12", "algo.kl_coef=0.1"]
+    )
+    (run,) = learning.plan_runs(args)
+    command = run.solver_command()
+    assert command[command.index("--teacher") + 1] == "solver"
+    # the start model (perception), the env and the levels match the run's: the reference's cache folder
+    # is the one warm_start_folders reads back; trainer and algorithm settings stay out
+    assert command[command.index("--teacher") + 2 :] == [
+        "model.warm_start=format",
+        "rollout.seed=1",
+        "sft.eval_levels=512",
+        "perception.enabled=false",
+        "env.env_kwargs.max_steps=12",
+    ]
+
+
 def test_default_budget_follows_the_recipes_env():
     assert learning.default_minutes("sokoban") == 60.0
     assert learning.default_minutes("configs/sokoban_mpo_tiny.yaml") == 60.0  # a path, not a task name

@@ -1,6 +1,7 @@
 """Shipped recipes (configs/*.yaml): they load, their envs build, the tiny ones resolve to a model, and
 the GPU ones keep the published settings their provenance comments name."""
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -212,3 +213,18 @@ def test_ragen_recipe_is_starpo_s_without_kl():
     assert (r.num_groups, r.group_size, r.max_turns) == (8, 16, 5)
     assert (a.filter.rule, a.filter.keep) == ("top_std_fraction", 0.25)
     assert (a.clip_low, a.clip_high, a.kl_coef) == (0.2, 0.28, 0.0)
+
+
+@pytest.mark.parametrize("name", ["sokoban_mpo_tiny", "frozenlake_slippery_mpo_tiny"])
+def test_committed_perception_models_match_their_recipe_and_load(name):
+    """bench/results/mpo/perception_models/<recipe> (README "MPO runs") was pretrained with the recipe's
+    perception settings and still loads; a change to those settings makes it stale and fails here."""
+    from vagen.models.loading import load_policy
+
+    folder = REPO / "bench" / "results" / "mpo" / "perception_models" / name
+    report = json.loads((folder / "sft_report.json").read_text())
+    settings = {k: v for k, v in asdict(recipe(name).perception).items() if k not in ("enabled", "cache_dir")}
+    assert {k: report["perception"][k] for k in settings} == settings
+    assert report["after"]["token_accuracy"] > 0.99
+    model, _ = load_policy(str(folder))
+    assert model.config.text_config.hidden_size == 128  # the tiny VLM, not a placeholder

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from vagen.config import derived_sizes, load_config
+from vagen.models.loading import load_policy
 from vagen.models.tiny import resolve_model_path
+from vagen.perception import pretraining_settings
 from vagen.rollout.manager import make_language_env
 from vagen.sft import WARM_START_TEACHERS, SFTConfig, warm_start_dir
 
@@ -219,11 +221,9 @@ def test_ragen_recipe_is_starpo_s_without_kl():
 def test_committed_perception_models_match_their_recipe_and_load(name):
     """bench/results/mpo/perception_models/<recipe> (README "MPO runs") was pretrained with the recipe's
     perception settings and still loads; a change to those settings makes it stale and fails here."""
-    from vagen.models.loading import load_policy
-
     folder = REPO / "bench" / "results" / "mpo" / "perception_models" / name
     report = json.loads((folder / "sft_report.json").read_text())
-    settings = {k: v for k, v in asdict(recipe(name).perception).items() if k not in ("enabled", "cache_dir")}
+    settings = pretraining_settings(recipe(name).perception)
     assert {k: report["perception"][k] for k in settings} == settings
     assert report["after"]["token_accuracy"] > 0.99
     model, _ = load_policy(str(folder))

@@ -183,6 +183,11 @@ ROLLOUT_FIELDS_IN_KEY = (
 )
 
 
+def pretraining_settings(cfg: PerceptionConfig) -> dict:
+    """The settings that shape the pretrained model: all of `cfg` but `enabled` and `cache_dir`."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("enabled", "cache_dir")}
+
+
 def perception_dir(
     model_path: str, env_cfg: EnvConfig, rollout_cfg: RolloutConfig, cfg: PerceptionConfig
 ) -> Path:
@@ -193,7 +198,7 @@ def perception_dir(
         {
             "env": {k: getattr(env_cfg, k) for k in ENV_FIELDS_IN_KEY},
             "rollout": {k: getattr(rollout_cfg, k) for k in ROLLOUT_FIELDS_IN_KEY},
-            "perception": {k: v for k, v in asdict(cfg).items() if k not in ("enabled", "cache_dir")},
+            "perception": pretraining_settings(cfg),
         },
     )
     return (Path(cfg.cache_dir) if cfg.cache_dir else cache_root() / "perception") / key

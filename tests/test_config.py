@@ -64,6 +64,15 @@ def test_yaml_then_overrides_in_order(tmp_path):
         (["env.instructions=short"], "env.instructions must be one of"),
         (["algo.state_critic_input=pixels"], "'algo.state_critic_input': must be one of ('text', 'feat"),
         (["trainer.steps"], "override 'trainer.steps' must look like key=value"),
+        (
+            ["algo.adv=grpo", "rollout.group_size=1"],
+            "algo.adv=grpo compares the episodes of a group, so a group of 1 gets no advantage",
+        ),
+        (["algo.adv=gigpo", "rollout.group_size=1"], "'rollout.group_size'"),
+        (
+            ["algo.adv=gae", "rollout.group_size=1", "algo.filter.keep=0.5"],
+            "the group filter (algo.filter.keep=0.5) ranks groups by the spread of their returns",
+        ),
     ],
 )
 def test_bad_overrides_stop_with_one_line_naming_the_key(overrides, message):

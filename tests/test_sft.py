@@ -49,7 +49,7 @@ def test_teacher_replies_are_well_formed_in_every_format():
     rng = np.random.default_rng(0)
     for prompt_format in PROMPT_FORMATS:
         env = language_env(prompt_format)
-        for teacher in ("random", "describe", "grid", "solver"):
+        for teacher in ("random", "describe", "grid", "solver", "planner"):
             reply = teacher_reply(env, teacher, 3, rng)
             parse = parse_reply(reply, prompt_format, env.action_names, 3)
             assert parse.format_ok, (prompt_format, teacher, reply)
@@ -213,6 +213,36 @@ def test_references_random_solver_and_value_iteration_optimum():
     assert teacher_success(ENV, rollout, seeds, "random") < 0.2
     slippery = EnvConfig(env_id=ENV.env_id, env_kwargs={"size": 4, "is_slippery": True, "max_steps": 10})
     assert 0.0 < optimal_success(slippery, rollout, seeds) < 1.0
+    assert teacher_success(ENV, rollout, seeds, "planner") == 1.0
+
+
+def test_planner_teacher_plays_the_value_iteration_policy_on_slippery_ice():
+    env = LanguageEnv(
+        gym.make("envs_visual/FrozenLake-v0", is_slippery=True, max_steps=10), prompt_format="no_think"
+    )
+    game = env.env.unwrapped
+    rng = np.random.default_rng(0)
+    # S H F F / F F H H / F F F F / F F F G: the shortest path starts Down, and a slip Right drops into
+    # the hole at (0, 1); Left into the wall can only stay or slip Up (stay) or Down: never a hole
+    env.reset(seed=0, options={"map": ["SHFF", "FFHH", "FFFF", "FFFG"]})
+    assert game.optimal_actions(1) == [1]  # action ids: Up, Down, Left, Right
+    planned = game.optimal_plan(10).action(0, 10)
+    assert planned == 2
+    reply = teacher_reply(env, "planner", 1, rng)
+    assert parse_reply(reply, "no_think", env.action_names, 1).actions == ["Left"]
+    game.step(planned)  # the plan is recomputed for the steps left, from wherever the slip went
+    row, col = game.player
+    again = teacher_reply(env, "planner", 1, rng)
+    assert parse_reply(again, "no_think", env.action_names, 1).actions == [
+        env.action_names[game.optimal_plan(9).action(row * 4 + col, 9)]
+    ]
+    # over held-out levels it does better than the shortest path and reaches the optimum's level
+    rollout = RolloutConfig(max_turns=10, max_actions_per_episode=10)
+    slippery = EnvConfig(env_id=ENV.env_id, env_kwargs={"size": 4, "is_slippery": True, "max_steps": 10})
+    seeds = SeedSchedule(0, 0, 10**6).validation(128, 1)
+    planner = teacher_success(slippery, rollout, seeds, "planner")
+    assert planner > teacher_success(slippery, rollout, seeds, "solver")
+    assert abs(planner - optimal_success(slippery, rollout, seeds)) < 0.08
 
 
 def test_warm_start_model_follows_the_run_config(tmp_path):

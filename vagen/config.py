@@ -409,6 +409,19 @@ def validate(cfg: RunConfig) -> None:
         "env.max_actions_per_turn",
         f"policy_loss=mpo grades one action per turn: set it to 1, not {cfg.env.max_actions_per_turn}",
     )
+    group_size = cfg.rollout.group_size
+    _require(
+        mpo or ADVANTAGE_ESTIMATORS[algo.adv].uses_critic or group_size >= 2,
+        "rollout.group_size",
+        f"algo.adv={algo.adv} compares the episodes of a group, so a group of {group_size} gets no "
+        "advantage: play groups of >= 2 on one level (e.g. rollout.num_groups=32 rollout.group_size=8)",
+    )
+    _require(
+        algo.filter.keep == 1.0 or group_size >= 2,
+        "rollout.group_size",
+        f"the group filter (algo.filter.keep={algo.filter.keep}) ranks groups by the spread of their "
+        f"returns, which a group of {group_size} does not have: set rollout.group_size >= 2",
+    )
     _require(algo.mpo_eta > 0.0, "algo.mpo_eta", f"must be > 0, got {algo.mpo_eta}")
     _require(algo.mpo_mass_coef >= 0.0, "algo.mpo_mass_coef", f"must be >= 0, got {algo.mpo_mass_coef}")
     _require(

@@ -2,7 +2,7 @@
 
     python -m vagen.sft --config configs/frozenlake_tiny.yaml [--teacher TEACHER] [--out DIR]
 
-TEACHER: random | describe | grid | solver (below; default sft.teacher).
+TEACHER: random | describe | grid | solver | planner (below; default sft.teacher).
 
 1. Play `episodes` LanguageEnv episodes on training levels (the run's seed schedule, seeded by
    sft.seed so that RL runs of any seed share the warm start; validation layouts stay held out) with a
@@ -18,6 +18,9 @@ TEACHER: random | describe | grid | solver (below; default sft.teacher).
    - `solver`: the env's optimal actions from the current state (`env.unwrapped.optimal_actions`: BFS on
      FrozenLake, the Sokoban solver), with the true state facts (envs_visual.facts.facts_to_sentence) in
      <observation> / <prediction>. An imitation baseline.
+   - `planner`: on slippery FrozenLake, one move of the optimal policy for the steps left (value
+     iteration on the true transition model, `env.unwrapped.optimal_plan`); elsewhere the solver's.
+     Imitating it shows what the policy can learn from the best possible targets on training levels.
 2. Assemble them with the RL rollout's own code (vagen.rollout.assembly.EpisodeAssembler: same chat
    template, window, loss mask); the replies are tokenised from the teacher's text.
 3. Train with AdamW on the masked token cross-entropy
@@ -213,11 +216,28 @@ def solver_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[li
     }
 
 
+def planner_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
+    """On slippery ice, one move of the optimal policy for the steps left (`optimal_plan`: value iteration
+    on the true transition model; it may step away from a hole instead of along the shortest path), with
+    the true state facts; elsewhere the solver's moves, optimal when moves are deterministic."""
+    if not getattr(game, "is_slippery", False):
+        return solver_teacher(game, max_actions, rng)
+    steps_left = max(game.max_steps - game.num_steps, 1)
+    row, col = game.player
+    action = game.optimal_plan(steps_left).action(row * game.size + col, steps_left)
+    return [action], {
+        "observation": facts_to_sentence(game.describe_state()) or GENERIC_OBSERVATION,
+        "reasoning": "I take the move most likely to reach my goal in time.",
+        "prediction": facts_to_sentence(predicted_facts(game, [action])) or GENERIC_PREDICTION,
+    }
+
+
 TEACHERS = {
     "random": random_teacher,
     "describe": describe_teacher,
     "grid": grid_teacher,
     "solver": solver_teacher,
+    "planner": planner_teacher,
 }
 
 

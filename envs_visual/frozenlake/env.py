@@ -216,6 +216,11 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         return value_iteration(self.desc, self.lake.P, horizon)
 
     @property
+    def is_slippery(self) -> bool:
+        """True when a move may slip sideways (then `optimal_plan`, not the shortest path, is optimal)."""
+        return bool(self.lake_options["is_slippery"])
+
+    @property
     def start_state(self) -> int:
         """Flat index (row * size + col) of the start cell."""
         return "".join(self.desc).index("S")

@@ -18,7 +18,7 @@ TEACHER: random | describe | grid | solver | planner (below; default sft.teacher
    - `solver`: the env's optimal actions from the current state (`env.unwrapped.optimal_actions`: BFS on
      FrozenLake, the Sokoban solver), with the true state facts (envs_visual.facts.facts_to_sentence) in
      <observation> / <prediction>. An imitation baseline.
-   - `planner`: on slippery FrozenLake, one move of the optimal policy for the steps left (value
+   - `planner`: on slippery FrozenLake, one move of the optimal policy for the whole step budget (value
      iteration on the true transition model, `env.unwrapped.optimal_plan`); elsewhere the solver's.
      Imitating it shows what the policy can learn from the best possible targets on training levels.
 2. Assemble them with the RL rollout's own code (vagen.rollout.assembly.EpisodeAssembler: same chat
@@ -217,14 +217,15 @@ def solver_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[li
 
 
 def planner_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
-    """On slippery ice, one move of the optimal policy for the steps left (`optimal_plan`: value iteration
-    on the true transition model; it may step away from a hole instead of along the shortest path), with
-    the true state facts; elsewhere the solver's moves, optimal when moves are deterministic."""
+    """On slippery ice, one move of the optimal policy for the episode's whole step budget (`optimal_plan`:
+    value iteration on the true transition model; it may step away from a hole instead of along the
+    shortest path), with the true state facts; elsewhere the solver's moves, optimal when moves are
+    deterministic. The same move in a cell whatever the steps left: the image does not show them, and
+    with few steps left the finite-horizon policy's ties (every move fails in time) are arbitrary."""
     if not getattr(game, "is_slippery", False):
         return solver_teacher(game, max_actions, rng)
-    steps_left = max(game.max_steps - game.num_steps, 1)
     row, col = game.player
-    action = game.optimal_plan(steps_left).action(row * game.size + col, steps_left)
+    action = game.optimal_plan(game.max_steps).action(row * game.size + col, game.max_steps)
     return [action], {
         "observation": facts_to_sentence(game.describe_state()) or GENERIC_OBSERVATION,
         "reasoning": "I take the move most likely to reach my goal in time.",

@@ -57,6 +57,16 @@ def test_alarms_fire_on_a_grad_norm_spike_and_a_sustained_std_drop():
     assert set(alarms.update({})) == set()  # metrics absent this step: nothing to judge
 
 
+def test_format_alarm_fires_when_well_formed_replies_stay_below_half_their_best():
+    # GRPO on Sokoban at lr 1e-3: 0.99 well-formed, then 0.30, 0.15, 0.09 within three iterations
+    alarms = Alarms(AlarmConfig(drop_fraction=0.5, drop_patience=3))
+    series = [0.0, 0.0, 0.99, 0.97, 0.30, 0.15, 0.09, 0.06]  # an untrained start (0) never fires
+    fired = [alarms.update({"train/format_ok_rate": v})["alarm/format_collapse"] for v in series]
+    assert fired == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0]
+    recovered = alarms.update({"train/format_ok_rate": 0.9})["alarm/format_collapse"]
+    assert recovered == 0.0
+
+
 def test_grounding_f1_is_logged_for_formats_with_an_observation_and_malformed_replies_count_zero():
     from types import SimpleNamespace
 

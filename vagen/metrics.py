@@ -153,6 +153,7 @@ ALARM_WATCHES = {
     "actor/entropy": ("alarm/entropy_swing", ("spike", "drop")),
     "actor/grad_norm": ("alarm/grad_norm_spike", ("spike",)),
     "train/template_score": ("alarm/template_rise", ("spike",)),
+    "train/format_ok_rate": ("alarm/format_collapse", ("drop",)),  # replies drift out of the format
 }
 
 

@@ -192,6 +192,21 @@ def test_evaluate_plays_the_fixed_validation_levels(processor):
     assert again == summary
 
 
+def test_play_episodes_gives_the_records_of_collect_without_rows(processor):
+    replies = [GOOD, "oops", "<answer>Up</answer>"]
+    collecting, playing = manager(processor, replies), manager(processor, replies)
+    seeds = collecting.seeds.validation(2, 3)
+    collected, played = collecting.collect(seeds).episodes, playing.play_episodes(seeds)
+
+    def outcome(episodes):
+        return [
+            (ep.level_seed, ep.end_reason, ep.episode_return, [t.reply for t in ep.turns]) for ep in episodes
+        ]
+
+    assert outcome(played) == outcome(collected) and len(played) == 6
+    assert sum(len(ep.turns) for ep in played) > 6  # episodes ran past their first turn
+
+
 def test_random_start_reaches_training_episodes_only(processor, monkeypatch):
     m = manager(processor, [GOOD], num_groups=8, group_size=2, max_turns=1, random_start=1.0)
     starts = [ep.turns[0].state for ep in m.train_batch().episodes]

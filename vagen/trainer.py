@@ -613,10 +613,13 @@ def validate(manager: RolloutManager, cfg: RunConfig, rank: int, world: int) -> 
     t = cfg.trainer
     seeds = manager.seeds.validation(t.val_groups, t.val_group_size)
     share = seeds[rank::world]
-    batch = manager.collect(share, temperature=t.val_temperature) if share else None
-    _, returns, success = batch.episode_outcomes() if batch else (None, torch.zeros(0), torch.zeros(0))
-    turns = sum(len(ep.turns) for ep in batch.episodes) if batch else 0
-    counts = [success.sum().item(), len(success), returns.sum().item(), turns]
+    episodes = manager.play_episodes(share, temperature=t.val_temperature) if share else []
+    counts = [
+        sum(ep.success for ep in episodes),
+        len(episodes),
+        sum(ep.episode_return for ep in episodes),
+        sum(len(ep.turns) for ep in episodes),
+    ]
     totals = torch.tensor(counts, dtype=torch.float64, device=comm_device())
     dist.all_reduce(totals)  # named reduction: SUM of successes, episodes, returns, turns
     wins, n, total_return, total_turns = totals.cpu().tolist()

@@ -83,5 +83,5 @@ def evaluate(
     manager: RolloutManager, num_levels: int, group_size: int, temperature: float | None = None
 ) -> tuple[EvalSummary, list[EpisodeRecord]]:
     """Play `num_levels` validation levels x `group_size` tries each; returns the summary and the episodes."""
-    batch = manager.validation_batch(num_levels, group_size, temperature)
-    return summarize(batch.episodes), batch.episodes
+    episodes = manager.validation_episodes(num_levels, group_size, temperature)
+    return summarize(episodes), episodes

@@ -110,7 +110,8 @@ class _Episode:
 
 
 class RolloutManager:
-    """Collects RolloutBatches: `train_batch()` on fresh training levels, `collect(seeds)` on given ones.
+    """Collects RolloutBatches: `train_batch()` on fresh training levels, `collect(seeds)` on given ones;
+    `play_episodes(seeds)` plays them for their records only (validation: no token rows are collated).
 
     `timings` holds the seconds spent in the last collect: generate, env (reset + step, rendering
     included), assemble (templates, tokenising, images), reward (reasoning matcher), batch (collation).
@@ -133,11 +134,11 @@ class RolloutManager:
         seeds = self.seeds.next_train(self.cfg.num_groups, self.cfg.group_size)
         return self.collect(seeds, training=True)
 
-    def validation_batch(
+    def validation_episodes(
         self, num_groups: int, group_size: int, temperature: float | None = None
-    ) -> RolloutBatch:
+    ) -> list[EpisodeRecord]:
         """The first `num_groups` validation levels x `group_size` members (the same every call)."""
-        return self.collect(self.seeds.validation(num_groups, group_size), temperature)
+        return self.play_episodes(self.seeds.validation(num_groups, group_size), temperature)
 
     def sampling_params(
         self, episode_seeds: list[EpisodeSeeds], turn: int, temperature: float | None
@@ -161,6 +162,24 @@ class RolloutManager:
     ) -> RolloutBatch:
         """Play one episode per entry of `episode_seeds` to its end; returns their rows.
         Training episodes take exploring starts (`random_start`); others start on the level's start."""
+        episodes = self._play_all(episode_seeds, temperature, training)
+        start = time.perf_counter()
+        batch = build_batch(
+            [e.assembler.segments for e in episodes], [e.record for e in episodes], self.codec.pad_token_id
+        )
+        self.timings["batch"] = time.perf_counter() - start
+        return batch
+
+    def play_episodes(
+        self, episode_seeds: list[EpisodeSeeds], temperature: float | None = None
+    ) -> list[EpisodeRecord]:
+        """Like `collect` from the levels' starts, but only the episodes' records: no rows are collated
+        (at 512 validation levels of visual Sokoban the rows' image tensors alone take about a GB)."""
+        return [episode.record for episode in self._play_all(episode_seeds, temperature, training=False)]
+
+    def _play_all(
+        self, episode_seeds: list[EpisodeSeeds], temperature: float | None, training: bool
+    ) -> list[_Episode]:
         reset_options = {"random_start": self.cfg.random_start} if training else {}
         timings: dict[str, float] = defaultdict(float)
         while len(self.envs) < len(episode_seeds):
@@ -196,13 +215,8 @@ class RolloutManager:
         for episode in episodes:
             if episode.live:
                 episode.end("max_turns")
-        start = time.perf_counter()
-        batch = build_batch(
-            [e.assembler.segments for e in episodes], [e.record for e in episodes], self.codec.pad_token_id
-        )
-        timings["batch"] += time.perf_counter() - start
         self.timings = dict(timings)
-        return batch
+        return episodes
 
     def _prompt(self, episode: _Episode, turn: int) -> Prompt | None:
         """The engine prompt of the episode's next turn, or None (episode ended) past the context budget."""

@@ -174,7 +174,8 @@ class RolloutManager:
         self, episode_seeds: list[EpisodeSeeds], temperature: float | None = None
     ) -> list[EpisodeRecord]:
         """Like `collect` from the levels' starts, but only the episodes' records: no rows are collated
-        (at 512 validation levels of visual Sokoban the rows' image tensors alone take about a GB)."""
+        (512 visual Sokoban validation levels, 10 turns: peak RSS 6.5 GB instead of 9.5, 96 s instead of
+        202; the collated image patches alone are 3.5 GB)."""
         return [episode.record for episode in self._play_all(episode_seeds, temperature, training=False)]
 
     def _play_all(

@@ -1,11 +1,12 @@
 """Validation on 512 visual Sokoban levels: records only (`play_episodes`) vs collated rows (`collect`).
 
 Validation needs only each episode's outcome; collating every turn's tokens and image patches into
-training rows is what `collect` does for the update. Each way runs in its own process (peak RSS is per
-process) from the committed Sokoban perception model without a warm start (greedy replies are rarely in
-format, so every episode plays all 10 turns: the largest validation batch), vLLM engine, one thread.
+training rows is what `collect` does for the update (`play_episodes` keeps no patches at all). Each
+way runs in its own process (peak RSS is per process) from the committed Sokoban perception model
+without a warm start (greedy replies are rarely in format, so every episode plays all 10 turns: the
+largest validation batch), vLLM engine, one thread.
 Usage: .venv/bin/python bench/validation_bench.py
-(about 6 minutes; the latest output is kept in bench/results/validation_bench.txt)
+(about 4 minutes; the latest output is kept in bench/results/validation_bench.txt)
 """
 
 import os

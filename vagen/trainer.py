@@ -613,7 +613,7 @@ def validate(manager: RolloutManager, cfg: RunConfig, rank: int, world: int) -> 
     t = cfg.trainer
     seeds = manager.seeds.validation(t.val_groups, t.val_group_size)
     share = seeds[rank::world]
-    episodes = manager.play_episodes(share, temperature=t.val_temperature) if share else []
+    episodes = manager.play_episodes(share, temperature=t.val_temperature)
     counts = [
         sum(ep.success for ep in episodes),
         len(episodes),

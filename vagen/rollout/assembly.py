@@ -219,8 +219,12 @@ class EpisodeAssembler:
         window: int | None,
         text_only: bool,
         pin_first_turn: bool = True,
+        keep_vision: bool = True,
     ) -> None:
+        """`keep_vision=False`: the rows keep no image patches (for episodes played only for their
+        records, whose rows are never collated; the engine gets the images themselves)."""
         self.codec = codec
+        self.keep_vision = keep_vision
         self.window = window
         self.pinned = 1 if pin_first_turn else 0
         self.text_only = text_only
@@ -264,7 +268,7 @@ class EpisodeAssembler:
         segment = self.segments[-1]
         segment.append(pending.text, pending.encoded.token_ids)
         segment.images += pending.images
-        if pending.encoded.vision is not None:
+        if pending.encoded.vision is not None and self.keep_vision:
             segment.vision.append(pending.encoded.vision)
         return list(segment.token_ids), list(segment.images)
 

@@ -54,12 +54,19 @@ def check_random_start(env_cfg: EnvConfig, share: float, name: str) -> None:
         )
 
 
-def episode_assembler(codec: ChatCodec | None, env: LanguageEnv, window: int | None) -> EpisodeAssembler:
+def episode_assembler(
+    codec: ChatCodec | None, env: LanguageEnv, window: int | None, keep_vision: bool = True
+) -> EpisodeAssembler:
     """The assembler of one episode of `env` (RL rollouts and teacher episodes alike): its system prompt,
     its modality, and the first turn pinned in a windowed context unless the instructions are in the
     system prompt."""
     return EpisodeAssembler(
-        codec, env.system_prompt, window, env.text_only, pin_first_turn=not env.instructions_in_system
+        codec,
+        env.system_prompt,
+        window,
+        env.text_only,
+        pin_first_turn=not env.instructions_in_system,
+        keep_vision=keep_vision,
     )
 
 
@@ -162,7 +169,7 @@ class RolloutManager:
     ) -> RolloutBatch:
         """Play one episode per entry of `episode_seeds` to its end; returns their rows.
         Training episodes take exploring starts (`random_start`); others start on the level's start."""
-        episodes = self._play_all(episode_seeds, temperature, training)
+        episodes = self._play_all(episode_seeds, temperature, training, keep_rows=True)
         start = time.perf_counter()
         batch = build_batch(
             [e.assembler.segments for e in episodes], [e.record for e in episodes], self.codec.pad_token_id
@@ -174,12 +181,12 @@ class RolloutManager:
         self, episode_seeds: list[EpisodeSeeds], temperature: float | None = None
     ) -> list[EpisodeRecord]:
         """Like `collect` from the levels' starts, but only the episodes' records: no rows are collated
-        (512 visual Sokoban validation levels of 10 turns: peak RSS 6.2 GiB instead of 9.4, the collated
-        image patches alone being 3.2 GiB; bench/validation_bench.py)."""
-        return [episode.record for episode in self._play_all(episode_seeds, temperature, training=False)]
+        and no image patches kept (bench/validation_bench.py: peak memory on 512 Sokoban levels)."""
+        episodes = self._play_all(episode_seeds, temperature, training=False, keep_rows=False)
+        return [episode.record for episode in episodes]
 
     def _play_all(
-        self, episode_seeds: list[EpisodeSeeds], temperature: float | None, training: bool
+        self, episode_seeds: list[EpisodeSeeds], temperature: float | None, training: bool, keep_rows: bool
     ) -> list[_Episode]:
         reset_options = {"random_start": self.cfg.random_start} if training else {}
         timings: dict[str, float] = defaultdict(float)
@@ -187,7 +194,7 @@ class RolloutManager:
             self.envs.append(make_language_env(self.env_cfg))
         episodes = []
         for seeds, env in zip(episode_seeds, self.envs, strict=False):
-            assembler = episode_assembler(self.codec, env, self.cfg.window)
+            assembler = episode_assembler(self.codec, env, self.cfg.window, keep_vision=keep_rows)
             episode = _Episode(seeds, env, assembler)
             start = time.perf_counter()
             env.max_actions_per_turn = self.env_cfg.max_actions_per_turn

@@ -29,16 +29,11 @@ def measure(mode: str) -> None:
     import torch
 
     from vagen.config import load_config
-    from vagen.eval import load_actor
-    from vagen.rollout.engines.base import make_engine
-    from vagen.rollout.manager import RolloutManager
+    from vagen.eval import evaluation_manager
 
     cfg = load_config("configs/sokoban_mpo_tiny.yaml", OVERRIDES)
     torch.manual_seed(0)
-    model, processor = load_actor(cfg, None)
-    model.eval()
-    engine = make_engine(cfg.rollout.engine, model, processor, **cfg.rollout.engine_options())
-    manager = RolloutManager(cfg.env, cfg.rollout, engine, processor)
+    manager = evaluation_manager(cfg)
     seeds = manager.seeds.validation(LEVELS, 1)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     start = time.perf_counter()

@@ -14,10 +14,14 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from vagen.config import RunConfig, load_config_or_exit
+
+if TYPE_CHECKING:
+    from vagen.rollout.manager import RolloutManager
 
 
 def load_actor(cfg: RunConfig, checkpoint: Path | None):
@@ -44,6 +48,17 @@ def load_actor(cfg: RunConfig, checkpoint: Path | None):
     return load_policy(actor_dir, **load)
 
 
+def evaluation_manager(cfg: RunConfig, checkpoint: Path | None = None) -> "RolloutManager":
+    """A RolloutManager that plays the actor of `load_actor` (in eval mode) with the config's engine."""
+    from vagen.rollout.engines.base import make_engine
+    from vagen.rollout.manager import RolloutManager
+
+    model, processor = load_actor(cfg, checkpoint)
+    model.eval()
+    engine = make_engine(cfg.rollout.engine, model, processor, **cfg.rollout.engine_options())
+    return RolloutManager(cfg.env, cfg.rollout, engine, processor)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -65,20 +80,11 @@ def main(argv: list[str] | None = None) -> dict:
             f"--episodes ({args.episodes}) must be a positive multiple of --group-size ({args.group_size})"
         )
 
-    from vagen.rollout.engines.base import make_engine
     from vagen.rollout.evaluate import evaluate
-    from vagen.rollout.manager import RolloutManager
     from vagen.viz.html import write_step_page
 
     torch.manual_seed(cfg.trainer.seed)
-    model, processor = load_actor(cfg, args.checkpoint)
-    model.eval()
-    manager = RolloutManager(
-        cfg.env,
-        cfg.rollout,
-        make_engine(cfg.rollout.engine, model, processor, **cfg.rollout.engine_options()),
-        processor,
-    )
+    manager = evaluation_manager(cfg, args.checkpoint)
     summary, episodes = evaluate(manager, args.episodes // args.group_size, args.group_size, args.temperature)
 
     out = args.out or (

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 import envs_visual  # noqa: F401
-from envs_visual.frozenlake.planning import goal_distances, transition_tensor, value_iteration
+from envs_visual.frozenlake.planning import shortest_path_actions, transition_tensor, value_iteration
 from vagen.rollout.seeds import is_held_out
 
 p = argparse.ArgumentParser()
@@ -34,7 +34,6 @@ env = gym.make(
     "envs_visual/FrozenLake-v0", size=4, is_slippery=True, max_steps=H, tile_style="flat"
 ).unwrapped
 TILE = {"S": 0, "F": 0, "H": 1, "G": 2}
-MOVES = [(-1, 0), (1, 0), (0, -1), (0, 1)]  # our ids: Up Down Left Right
 
 
 def success(T, goal, hole, policy, s0):
@@ -61,16 +60,7 @@ for seed in range(args.seeds):
         letters = np.array(list("".join(env.desc)))
         T = transition_tensor(env.lake.P, 16)
         plan = value_iteration(env.desc, env.lake.P, H)
-        dists = goal_distances(env.desc)
-        solver = np.zeros(16, int)
-        for s in range(16):
-            r, c = divmod(s, 4)
-            best = None
-            for a, (dr, dc) in enumerate(MOVES):
-                rr, cc = min(max(r + dr, 0), 3), min(max(c + dc, 0), 3)
-                d = dists.get((rr, cc))
-                if d is not None and (best is None or d < best):
-                    best, solver[s] = d, a
+        solver = np.array([(shortest_path_actions(env.desc, divmod(s, 4), 1) or [0])[0] for s in range(16)])
         maps[key] = dict(
             tiles=np.array([TILE[ch] for ch in letters]),
             T=T,

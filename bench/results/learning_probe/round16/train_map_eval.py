@@ -9,25 +9,15 @@ import torch
 
 import envs_visual  # noqa: F401
 from vagen.config import load_config
-from vagen.models.loading import load_policy
-from vagen.rollout.engines.base import make_engine
-from vagen.rollout.manager import RolloutManager, seed_schedule
+from vagen.eval import evaluation_manager
 
 config, model_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-cfg = load_config(config, sys.argv[4:] + ["model.warm_start=none", "perception.enabled=false"])
+overrides = [f"model.path={model_dir}", "model.warm_start=none", "perception.enabled=false"]
+cfg = load_config(config, sys.argv[4:] + overrides)
 torch.manual_seed(0)
-model, processor = load_policy(model_dir)
-model.eval()
-manager = RolloutManager(
-    cfg.env,
-    cfg.rollout,
-    make_engine(cfg.rollout.engine, model, processor, **cfg.rollout.engine_options()),
-    processor,
-)
-train = seed_schedule(cfg.env, cfg.rollout).next_train(n, 1)
-records = []
-for i in range(0, n, 128):
-    records += manager.play_episodes(train[i : i + 128], temperature=0.0)
+manager = evaluation_manager(cfg)
+train = manager.seeds.next_train(n, 1)
+records = manager.play_episodes(train, temperature=0.0)
 env = gym.make("envs_visual/FrozenLake-v0", size=4, is_slippery=True, max_steps=16).unwrapped
 opt = []
 for s in train:

@@ -20,6 +20,7 @@ from vagen.rollout.seeds import SeedSchedule
 from vagen.sft import (
     GENERIC_REASONING,
     SFTConfig,
+    length_batches,
     masked_nll,
     optimal_success,
     play_teacher_episodes,
@@ -150,6 +151,18 @@ def test_sft_data_masks_only_the_replies_and_training_lowers_the_masked_loss(tin
     assert len(losses) == 4 and after < before - 0.5
 
 
+def test_length_batches_mix_equal_length_rows_and_use_every_row_once_per_epoch():
+    generator = np.random.default_rng(0)
+    lengths = [7] * 32 + [5] * 32  # e.g. two episodes' consecutive turns, every row of one length
+    epochs = [length_batches(lengths, 8, generator) for _ in range(2)]
+    for batches in epochs:
+        assert sorted(row for batch in batches for row in batch) == list(range(64))
+        assert all(len({lengths[row] for row in batch}) == 1 for batch in batches)
+        # a batch is not a run of consecutive rows (one episode's turns in a row)
+        assert not any(sorted(batch) == list(range(min(batch), min(batch) + 8)) for batch in batches)
+    assert epochs[0] != epochs[1]  # drawn afresh each epoch
+
+
 def test_run_sft_writes_a_loadable_model_and_caches_it(tiny_vlm_path, tmp_path):
     cfg = SFTConfig(episodes=2, steps=1, batch_size=2, eval_levels=1, cache_dir=str(tmp_path))
     rollout = RolloutConfig(max_turns=1, max_new_tokens=4)
@@ -190,6 +203,12 @@ def test_cache_key_changes_with_every_input(tiny_vlm_path):
     )
     assert warm_start_dir(str(tiny_vlm_path), reward_only, engine_only, base) == key
     assert warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig(random_start=0.5)) != key
+
+
+def test_cache_key_changes_with_the_training_procedure(tiny_vlm_path, monkeypatch):
+    before = warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig())
+    monkeypatch.setattr("vagen.sft.TRAINING_PROCEDURE", -1)  # a model cached by another train_sft
+    assert warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig()) != before
 
 
 def test_teacher_exploring_starts_leave_the_start_cell_and_stay_solved(monkeypatch):

@@ -7,7 +7,7 @@ import pytest
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 import envs_visual  # noqa: F401
-from envs_visual.frozenlake.planning import shortest_path_actions, value_iteration
+from envs_visual.frozenlake.planning import policy_success, shortest_path_actions, value_iteration
 
 UP, DOWN, LEFT, RIGHT = range(4)
 
@@ -59,6 +59,18 @@ def test_value_iteration_prefers_the_safe_longer_route_when_slippery():
     assert plan.action(0, steps_left=3) == UP
     assert plan.success[:, 3:].max() == 0.0  # holes
     assert value_iteration(desc, lake.P, horizon=200).success[200, 0] > 0.99  # Up forever never falls
+
+
+def test_policy_success_of_the_safe_route_and_of_the_shortest_path():
+    # The map above: always Up is the optimal policy for 3 steps (2/9); always Right, the shortest
+    # path, reaches G within 3 steps with 5/27 (by hand in the test above). Holes and G absorb.
+    desc = ["SFG", "HHH"]
+    lake = FrozenLakeEnv(desc=desc, is_slippery=True)
+    assert policy_success(desc, lake.P, np.full(6, UP), 0, horizon=3) == pytest.approx(2 / 9)
+    assert policy_success(desc, lake.P, np.full(6, RIGHT), 0, horizon=3) == pytest.approx(5 / 27)
+    assert policy_success(desc, lake.P, np.full(6, RIGHT), 0, horizon=1) == 0.0
+    ice = FrozenLakeEnv(desc=["SG", "FF"], is_slippery=False)
+    assert policy_success(["SG", "FF"], ice.P, np.full(4, RIGHT), 0, horizon=1) == 1.0
 
 
 def test_value_iteration_matches_monte_carlo_of_its_policy():

@@ -98,3 +98,21 @@ def value_iteration(desc: list[str], transitions: dict, horizon: int) -> Slipper
         policy[k - 1] = action_values.argmax(axis=1)
         success[k] = np.where(goal, 1.0, np.where(hole, 0.0, action_values.max(axis=1)))
     return SlipperyPlan(success, policy)
+
+
+def policy_success(desc: list[str], transitions: dict, policy: np.ndarray, start: int, horizon: int) -> float:
+    """Exact probability that the stationary `policy` (S,) of action ids reaches a goal within `horizon`
+    steps from `start`: the state distribution d_{k+1} = d_k P_pi with goal and hole cells absorbing
+    (their mass leaves d after the step that reaches them), summed over the goal cells."""
+    letters = np.array(list("".join(desc)))
+    goal, hole = letters == "G", letters == "H"
+    tensor = transition_tensor(transitions, letters.size)  # (S, A, S)
+    step = tensor[np.arange(letters.size), np.asarray(policy)]  # (S, S) under the policy
+    dist = np.zeros(letters.size)
+    dist[start] = 1.0
+    total = 0.0
+    for _ in range(horizon):
+        dist = dist @ step
+        total += dist[goal].sum()
+        dist[goal | hole] = 0.0
+    return float(total)

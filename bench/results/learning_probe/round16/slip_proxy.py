@@ -1,6 +1,6 @@
 """Proxy for the slippery target with perfect perception: can a small transformer over the 16 cells
 (tile + player flag) imitate the value-iteration policy on UNSEEN layouts well enough (>= 0.276)?
-Exact success by propagating the state distribution for H steps (no sampling noise)."""
+Exact success by propagating the state distribution for H steps (envs_visual's policy_success)."""
 
 import argparse
 import time
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 import envs_visual  # noqa: F401
-from envs_visual.frozenlake.planning import shortest_path_actions, transition_tensor, value_iteration
+from envs_visual.frozenlake.planning import policy_success, shortest_path_actions, value_iteration
 from vagen.rollout.seeds import is_held_out
 
 p = argparse.ArgumentParser()
@@ -36,21 +36,6 @@ env = gym.make(
 TILE = {"S": 0, "F": 0, "H": 1, "G": 2}
 
 
-def success(T, goal, hole, policy, s0):
-    dist = np.zeros(T.shape[0])
-    dist[s0] = 1.0
-    total = 0.0
-    for _ in range(H):
-        nxt = np.zeros_like(dist)
-        for s in np.nonzero(dist)[0]:
-            if not (goal[s] or hole[s]):
-                nxt += dist[s] * T[s, policy[s]]
-        total += nxt[goal].sum()
-        nxt[goal | hole] = 0
-        dist = nxt
-    return total
-
-
 t0 = time.time()
 maps, train_keys, val_seed_maps = {}, [], []
 for seed in range(args.seeds):
@@ -58,12 +43,12 @@ for seed in range(args.seeds):
     key = env.layout_key
     if key not in maps:
         letters = np.array(list("".join(env.desc)))
-        T = transition_tensor(env.lake.P, 16)
         plan = value_iteration(env.desc, env.lake.P, H)
         solver = np.array([(shortest_path_actions(env.desc, divmod(s, 4), 1) or [0])[0] for s in range(16)])
         maps[key] = dict(
             tiles=np.array([TILE[ch] for ch in letters]),
-            T=T,
+            desc=list(env.desc),
+            P=env.lake.P,
             goal=letters == "G",
             hole=letters == "H",
             s0=env.start_state,
@@ -85,12 +70,7 @@ print(
 
 def mean_success(keys, policy_of):
     return float(
-        np.mean(
-            [
-                success(maps[k]["T"], maps[k]["goal"], maps[k]["hole"], policy_of(k), maps[k]["s0"])
-                for k in keys
-            ]
-        )
+        np.mean([policy_success(maps[k]["desc"], maps[k]["P"], policy_of(k), maps[k]["s0"], H) for k in keys])
     )
 
 

@@ -1,0 +1,131 @@
+"""The slippery MPO recipe's update in a lean loop, with perfect perception and an actor that can fit:
+does MPO with the recipe's critic regime find the optimum on unseen layouts in ~30 iterations?
+
+Actor and critic are both vagen FeatureCritic MLPs on the env's one-hot state features (the actor's 4
+outputs are logits). Each iteration: 256 episodes on random training layouts (half from a random cell),
+16 steps, actions sampled from the actor, slips from the true transition model, reward 10 at the goal;
+the critic refit on the batch by expected SARSA (`--critic-steps` full-batch steps, vagen.algo.mpo's
+targets); the actor fit to q(a|s) = vagen.algo.mpo.mpo_targets(Q, pi_old, eta, mix) by cross-entropy
+(`--epochs` x `--mini-batches` steps). Every 5 iterations: exact held-out success of the actor's and of
+the critic's greedy policies on the 512 validation levels. No KL anchor, no reply tokens.
+
+    python mpo_loop_proxy.py --critic-steps 30 200 1000
+"""
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from slippery_maps import REWARD, H, features, load_maps, mean_success
+
+from vagen.algo.mpo import expected_sarsa_targets, mpo_targets
+from vagen.models.state_critic import FeatureCritic
+
+p = argparse.ArgumentParser()
+p.add_argument("--critic-steps", type=int, nargs="+", default=[30])
+p.add_argument("--iterations", type=int, default=30)
+p.add_argument("--episodes", type=int, default=256)
+p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--mini-batches", type=int, default=16)
+p.add_argument("--actor-lr", type=float, default=1e-3)
+p.add_argument("--critic-lr", type=float, default=3e-3)
+p.add_argument("--gamma", type=float, default=0.98)
+p.add_argument("--eta", type=float, default=0.25)
+p.add_argument("--mix", type=float, default=0.1)
+p.add_argument("--random-start", type=float, default=0.5)
+p.add_argument("--seed", type=int, default=0)
+p.add_argument("--replay", type=int, default=1, help="the critic fits the last N batches (1: this one)")
+args = p.parse_args()
+torch.set_num_threads(1)
+maps, train_keys, val_keys = load_maps()
+state_inputs = {k: torch.tensor(np.stack([features(maps[k]["tiles"], s) for s in range(16)])) for k in maps}
+
+
+def greedy(net: FeatureCritic):
+    def policy_of(k: str) -> np.ndarray:
+        with torch.no_grad():
+            return net.values(state_inputs[k]).argmax(1).numpy()
+
+    return policy_of
+
+
+def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+    """One batch of episodes: every acting turn's layout, cell, action, reward, next cell, has_next."""
+    turns = []
+    successes = 0
+    for _ in range(args.episodes):
+        key = train_keys[rng.integers(len(train_keys))]
+        m = maps[key]
+        cell = m["s0"] if rng.random() >= args.random_start else int(rng.choice(np.flatnonzero(m["acting"])))
+        with torch.no_grad():
+            probs = torch.softmax(actor.values(state_inputs[key]), -1).numpy().astype(float)
+        for t in range(H):
+            action = rng.choice(4, p=probs[cell] / probs[cell].sum())
+            nxt = int(rng.choice(16, p=m["T"][cell, action]))
+            done = bool(m["goal"][nxt] or m["hole"][nxt])
+            turns.append((key, cell, action, REWARD * m["goal"][nxt], nxt, not done and t < H - 1))
+            successes += int(m["goal"][nxt])
+            cell = nxt
+            if done:
+                break
+    keys, cells, actions, rewards, nexts, has_next = zip(*turns, strict=True)
+    return dict(
+        states=torch.stack([state_inputs[k][c] for k, c in zip(keys, cells, strict=True)]),
+        next_states=torch.stack([state_inputs[k][c] for k, c in zip(keys, nexts, strict=True)]),
+        actions=torch.tensor(actions),
+        rewards=torch.tensor(rewards, dtype=torch.float32),
+        has_next=torch.tensor(has_next),
+        success_rate=torch.tensor(successes / args.episodes),
+    )
+
+
+for critic_steps in args.critic_steps:
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    width = next(iter(state_inputs.values())).shape[1]
+    actor, critic = FeatureCritic(width, outputs=4), FeatureCritic(width, outputs=4)
+    actor_optim = torch.optim.AdamW(
+        actor.parameters(), lr=args.actor_lr, betas=(0.9, 0.98), weight_decay=0.01
+    )
+    critic_optim = torch.optim.AdamW(
+        critic.parameters(), lr=args.critic_lr, betas=(0.9, 0.98), weight_decay=0.01
+    )
+    t0 = time.time()
+    line = [f"critic steps {critic_steps}, replay {args.replay}, {args.episodes} episodes:"]
+    replay: list[dict[str, torch.Tensor]] = []
+    for iteration in range(1, args.iterations + 1):
+        batch = rollout(actor, rng)
+        replay = [*replay[-(args.replay - 1) :], batch] if args.replay > 1 else [batch]
+        fit = {
+            name: torch.cat([b[name] for b in replay])
+            for name in ("states", "next_states", "actions", "rewards", "has_next")
+        }
+        with torch.no_grad():
+            old_probs = torch.softmax(actor.values(batch["states"]), -1)
+            next_probs = torch.softmax(actor.values(fit["next_states"]), -1)  # Q of the current policy
+        for _ in range(critic_steps):
+            q = critic.values(fit["states"])
+            with torch.no_grad():
+                next_values = (next_probs * critic.values(fit["next_states"])).sum(-1)
+                y = expected_sarsa_targets(fit["rewards"], next_values, fit["has_next"], args.gamma)
+            loss = 0.5 * (q.gather(1, fit["actions"][:, None]).squeeze(1) - y).pow(2).mean()
+            critic_optim.zero_grad()
+            loss.backward()
+            critic_optim.step()
+        with torch.no_grad():
+            targets = mpo_targets(critic.values(batch["states"]), old_probs, args.eta, args.mix)
+        for _ in range(args.epochs):
+            for rows in torch.randperm(len(targets)).tensor_split(args.mini_batches):
+                logp = torch.log_softmax(actor.values(batch["states"][rows]), -1)
+                loss = -(targets[rows] * logp).sum(-1).mean()
+                actor_optim.zero_grad()
+                loss.backward()
+                actor_optim.step()
+        if iteration % 5 == 0:
+            held_out = [mean_success(maps, val_keys, greedy(net)) for net in (actor, critic)]
+            line.append(
+                f"it {iteration}: sampled {batch['success_rate']:.2f}, greedy actor {held_out[0]:.3f}, "
+                f"critic {held_out[1]:.3f};"
+            )
+    print(" ".join(line), f"({time.time() - t0:.0f}s)", flush=True)

@@ -1,0 +1,60 @@
+"""Slippery 4x4 FrozenLake layouts for the round-17 probes: the benchmark's hash split (training layouts,
+the 512 validation levels' layouts), each with its transition tensor, value-iteration optimum and the
+env's one-hot state features; exact success of a stationary policy (envs_visual's policy_success)."""
+
+import gymnasium as gym
+import numpy as np
+
+import envs_visual  # noqa: F401
+from envs_visual.frozenlake.env import FEATURE_TILES
+from envs_visual.frozenlake.planning import (
+    policy_success,
+    shortest_path_actions,
+    transition_tensor,
+    value_iteration,
+)
+from vagen.rollout.seeds import is_held_out
+
+H, REWARD = 16, 10.0  # the recipe's step budget and goal reward
+
+
+def load_maps(seeds: int = 20000) -> tuple[dict, list[str], list[str]]:
+    """(maps by layout key, training keys, the 512 validation levels' keys in level order)."""
+    env = gym.make("envs_visual/FrozenLake-v0", size=4, is_slippery=True, max_steps=H).unwrapped
+    maps, train_keys, val_keys = {}, [], []
+    for seed in range(seeds):
+        env.reset(seed=seed)
+        key = env.layout_key
+        if key not in maps:
+            letters = np.array(list("".join(env.desc)))
+            plan = value_iteration(env.desc, env.lake.P, H)
+            maps[key] = dict(
+                desc=list(env.desc),
+                P=env.lake.P,
+                T=transition_tensor(env.lake.P, 16),
+                goal=letters == "G",
+                hole=letters == "H",
+                acting=~((letters == "G") | (letters == "H")),
+                tiles=np.eye(3, dtype=np.float32)[[FEATURE_TILES[ch] for ch in letters]].ravel(),
+                s0=env.start_state,
+                plan=plan,
+                opt=plan.success[H, env.start_state],
+                solver=[(shortest_path_actions(env.desc, divmod(s, 4), 1) or [0])[0] for s in range(16)],
+            )
+            if not is_held_out(key, 0.2):
+                train_keys.append(key)
+        if is_held_out(key, 0.2) and len(val_keys) < 512:
+            val_keys.append(key)
+    return maps, train_keys, val_keys
+
+
+def features(tiles: np.ndarray, cell: int) -> np.ndarray:
+    """FrozenLakeEnv.state_features() of the player on `cell`."""
+    return np.concatenate([tiles, np.eye(16, dtype=np.float32)[cell]])
+
+
+def mean_success(maps: dict, keys: list[str], policy_of) -> float:
+    """Mean exact success of the stationary policies policy_of(key) (16,) from each layout's start."""
+    return float(
+        np.mean([policy_success(maps[k]["desc"], maps[k]["P"], policy_of(k), maps[k]["s0"], H) for k in keys])
+    )

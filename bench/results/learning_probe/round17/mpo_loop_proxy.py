@@ -7,7 +7,8 @@ outputs are logits). Each iteration: 256 episodes on random training layouts (ha
 the critic refit on the batch by expected SARSA (`--critic-steps` full-batch steps, vagen.algo.mpo's
 targets); the actor fit to q(a|s) = vagen.algo.mpo.mpo_targets(Q, pi_old, eta, mix) by cross-entropy
 (`--epochs` x `--mini-batches` steps). Every 5 iterations: exact held-out success of the actor's and of
-the critic's greedy policies on the 512 validation levels. No KL anchor, no reply tokens.
+the critic's greedy policies on the 512 validation levels (with --train-maps, the actor's on those
+maps too). No KL anchor, no reply tokens.
 
     python mpo_loop_proxy.py --critic-steps 30 200 1000
 """
@@ -36,9 +37,11 @@ p.add_argument("--mix", type=float, default=0.1)
 p.add_argument("--random-start", type=float, default=0.5)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--replay", type=int, default=1, help="the critic fits the last N batches (1: this one)")
+p.add_argument("--train-maps", type=int, default=0, help="play only the first N training layouts (0: all)")
 args = p.parse_args()
 torch.set_num_threads(1)
 maps, train_keys, val_keys = load_maps()
+train_keys = train_keys[: args.train_maps or None]
 state_inputs = {k: torch.tensor(np.stack([features(maps[k]["tiles"], s) for s in range(16)])) for k in maps}
 
 
@@ -92,7 +95,12 @@ for critic_steps in args.critic_steps:
         critic.parameters(), lr=args.critic_lr, betas=(0.9, 0.98), weight_decay=0.01
     )
     t0 = time.time()
-    line = [f"critic steps {critic_steps}, replay {args.replay}, {args.episodes} episodes:"]
+    setting = f"critic steps {critic_steps}, replay {args.replay}, {args.episodes} episodes"
+    line = [f"{setting}, {len(train_keys)} maps:"]
+    if args.train_maps:
+        optimum = np.mean([maps[k]["opt"] for k in train_keys])
+        solver = mean_success(maps, train_keys, lambda k: maps[k]["solver"])
+        line.append(f"optimum on the training maps {optimum:.3f}, solver {solver:.3f};")
     replay: list[dict[str, torch.Tensor]] = []
     for iteration in range(1, args.iterations + 1):
         batch = rollout(actor, rng)
@@ -126,6 +134,11 @@ for critic_steps in args.critic_steps:
             held_out = [mean_success(maps, val_keys, greedy(net)) for net in (actor, critic)]
             line.append(
                 f"it {iteration}: sampled {batch['success_rate']:.2f}, greedy actor {held_out[0]:.3f}, "
-                f"critic {held_out[1]:.3f};"
+                f"critic {held_out[1]:.3f}"
+                + (
+                    f" (on the training maps: {mean_success(maps, train_keys, greedy(actor)):.3f});"
+                    if args.train_maps
+                    else ";"
+                )
             )
     print(" ".join(line), f"({time.time() - t0:.0f}s)", flush=True)

@@ -37,6 +37,7 @@ p.add_argument("--mix", type=float, default=0.1)
 p.add_argument("--random-start", type=float, default=0.5)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--replay", type=int, default=1, help="the critic fits the last N batches (1: this one)")
+p.add_argument("--epsilon", type=float, default=0.0, help="rollouts act uniformly at random this often")
 p.add_argument("--train-maps", type=int, default=0, help="play only the first N training layouts (0: all)")
 args = p.parse_args()
 torch.set_num_threads(1)
@@ -64,7 +65,8 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
         with torch.no_grad():
             probs = torch.softmax(actor.values(state_inputs[key]), -1).numpy().astype(float)
         for t in range(H):
-            action = rng.choice(4, p=probs[cell] / probs[cell].sum())
+            explore = rng.random() < args.epsilon
+            action = rng.integers(4) if explore else rng.choice(4, p=probs[cell] / probs[cell].sum())
             nxt = int(rng.choice(16, p=m["T"][cell, action]))
             done = bool(m["goal"][nxt] or m["hole"][nxt])
             turns.append((key, cell, action, REWARD * m["goal"][nxt], nxt, not done and t < H - 1))
@@ -95,7 +97,9 @@ for critic_steps in args.critic_steps:
         critic.parameters(), lr=args.critic_lr, betas=(0.9, 0.98), weight_decay=0.01
     )
     t0 = time.time()
-    setting = f"critic steps {critic_steps}, replay {args.replay}, {args.episodes} episodes"
+    setting = (
+        f"critic steps {critic_steps}, replay {args.replay}, {args.episodes} episodes, epsilon {args.epsilon}"
+    )
     line = [f"{setting}, {len(train_keys)} maps:"]
     if args.train_maps:
         optimum = np.mean([maps[k]["opt"] for k in train_keys])

@@ -65,7 +65,7 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
         with torch.no_grad():
             probs = torch.softmax(actor.values(state_inputs[key]), -1).numpy().astype(float)
         for t in range(H):
-            explore = rng.random() < args.epsilon
+            explore = args.epsilon > 0 and rng.random() < args.epsilon  # no draw at 0: same stream as before
             action = rng.integers(4) if explore else rng.choice(4, p=probs[cell] / probs[cell].sum())
             nxt = int(rng.choice(16, p=m["T"][cell, action]))
             done = bool(m["goal"][nxt] or m["hole"][nxt])

@@ -6,7 +6,6 @@ import gymnasium as gym
 import numpy as np
 
 import envs_visual  # noqa: F401
-from envs_visual.frozenlake.env import FEATURE_TILES
 from envs_visual.frozenlake.planning import (
     policy_success,
     shortest_path_actions,
@@ -35,7 +34,7 @@ def load_maps(seeds: int = 20000) -> tuple[dict, list[str], list[str]]:
                 goal=letters == "G",
                 hole=letters == "H",
                 acting=~((letters == "G") | (letters == "H")),
-                tiles=np.eye(3, dtype=np.float32)[[FEATURE_TILES[ch] for ch in letters]].ravel(),
+                tiles=env.state_features()[: -letters.size],  # the layout's part; the player's follows
                 s0=env.start_state,
                 plan=plan,
                 opt=plan.success[H, env.start_state],

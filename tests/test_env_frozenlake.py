@@ -92,6 +92,19 @@ def test_state_features_are_tile_planes_then_the_player():
     assert env.state_features().tolist() == expected and env.state_features().dtype == np.float32
 
 
+def test_egocentric_state_features_show_the_map_from_the_player():
+    env = make(size=2, state_view="egocentric")
+    env.reset(options={"map": ["SH", "FG"]})
+    env.step(1)  # Down: the player stands on (1, 0), the centre of a 3 x 3 window
+    off, ice, hole, goal = [0, 0, 1], [0, 0, 0], [1, 0, 0], [0, 1, 0]
+    expected = [*off, *ice, *hole] + [*off, *ice, *goal] + [*off, *off, *off]
+    assert env.state_features().tolist() == expected and env.state_features().dtype == np.float32
+    env.step(3)  # Right, onto the goal: the map moves one cell left in the window
+    assert env.state_features().tolist() == [*ice, *hole, *off] + [*ice, *goal, *off] + [*off, *off, *off]
+    with pytest.raises(ValueError, match="state_view must be one of"):
+        make(state_view="top-down")
+
+
 def test_flat_tile_style_paints_each_cell_one_colour_and_says_so_in_the_legend():
     from envs_visual.render import FLAT_COLOURS
 

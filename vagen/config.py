@@ -158,7 +158,8 @@ class AlgoConfig:
         default="text",
         metadata={
             "help": "critic=state: what the MLP reads: text (the env's text grid, as bytes) | features "
-            "(the env's state_features(): one-hot planes of each cell's tile and of the player)"
+            "(the env's state_features(): one-hot planes of each cell's tile and of the player; FrozenLake's "
+            "env_kwargs.state_view=egocentric gives the map seen from the player instead)"
         },
     )
     mpo_eta: float = field(

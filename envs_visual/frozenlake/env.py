@@ -40,6 +40,10 @@ LETTER_CODES = {"F": 0, "H": 1, "G": 2, "S": 3}
 PLAYER_CODES = {"F": 4, "S": 4, "H": 5, "G": 6}
 GRID_CHARSET = "SFHGP\n"
 FEATURE_TILES = {"F": 0, "S": 0, "H": 1, "G": 2}  # state_features' tile channels: ice (start too), hole, goal
+STATE_VIEWS = (
+    "layout",
+    "egocentric",
+)  # state_features(): the map row-major + the player, or seen from the player
 
 INSTRUCTION = (
     "You are playing FrozenLake. Walk from the start to the goal over the frozen lake without "
@@ -75,6 +79,7 @@ class VisualFrozenLakeEnv(gymnasium.Env):
     action_is_effective.
     Images: `cell_size` pixels per cell, `tile_style` "sprites" (the PNGs in envs_visual/assets) or
     "flat" (one solid colour per cell; envs_visual.render.FLAT_COLOURS).
+    `state_view` picks the privileged critic's `state_features()`: "layout" or "egocentric".
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -95,9 +100,13 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         max_steps: int = 100,
         cell_size: int = 28,
         tile_style: str = "sprites",
+        state_view: str = "layout",
         render_mode: str | None = "rgb_array",
     ):
+        if state_view not in STATE_VIEWS:
+            raise ValueError(f"state_view must be one of {STATE_VIEWS}, got {state_view!r}")
         self.size, self.p = size, p
+        self.state_view = state_view
         self.lake_options = dict(
             is_slippery=is_slippery, success_rate=success_rate, reward_schedule=reward_schedule
         )
@@ -191,11 +200,26 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         return "\n".join(rows)
 
     def state_features(self) -> np.ndarray:
-        """The true state as one-hots for a privileged critic (the policy never sees it): each cell's
-        tile (ice or start, hole, goal) row-major, then the player's cell; float32 (4 * size * size,)."""
-        tiles = np.eye(3, dtype=np.float32)[[FEATURE_TILES[letter] for letter in "".join(self.desc)]]
-        player = np.eye(self.size * self.size, dtype=np.float32)[self.player[0] * self.size + self.player[1]]
-        return np.concatenate([tiles.ravel(), player])
+        """The true state as one-hots for a privileged critic (the policy never sees it), by `state_view`:
+        "layout": each cell's tile (ice or start, hole, goal) row-major, then the player's cell; float32
+        (4 n^2,). "egocentric": the map seen from the player, a (2n - 1) x (2n - 1) window centred on the
+        player's cell (so it holds the whole map from any cell), channels hole, goal, off the map per
+        window cell row-major (ice: all zero); float32 (3 (2n - 1)^2,). The same information; the
+        egocentric view gives a hole beside the player the same inputs wherever the player stands, so a
+        critic's lessons carry over between maps."""
+        n = self.size
+        if self.state_view == "layout":
+            tiles = np.eye(3, dtype=np.float32)[[FEATURE_TILES[letter] for letter in "".join(self.desc)]]
+            player = np.eye(n * n, dtype=np.float32)[self.player[0] * n + self.player[1]]
+            return np.concatenate([tiles.ravel(), player])
+        row, col = self.player
+        window = np.zeros((2 * n - 1, 2 * n - 1, 3), dtype=np.float32)
+        window[..., 2] = 1.0  # off the map, until a map cell is written
+        letters = np.array([list(line) for line in self.desc])  # (n, n)
+        top, left = n - 1 - row, n - 1 - col  # where the map's cell (0, 0) lands in the window
+        on_map = window[top : top + n, left : left + n]  # a view: writes land in the window
+        on_map[..., 0], on_map[..., 1], on_map[..., 2] = letters == "H", letters == "G", 0.0
+        return window.ravel()
 
     def describe_state(self) -> list[Fact]:
         """The goal's relations to the player, then the sides of adjacent holes (see envs_visual.facts)."""

@@ -9,7 +9,8 @@ V(s_t) as the value of every token of turn t. The policy never reads the state.
 StateCritic reads the state string as UTF-8 bytes at fixed positions (a grid keeps each cell at the
 same offset): byte embedding -> flatten -> MLP -> V (or Q(s, .) of every action); its last layer starts
 at zero, so the values are 0 before any fit. FeatureCritic reads the env's one-hot state vector
-(`state_features()`: a plane per tile kind and one for the player) with the same MLP and default
+(`state_features()`: a plane per tile kind and one for the player, or FrozenLake's egocentric view,
+the map seen from the player: `env_kwargs.state_view=egocentric`) with the same MLP and default
 initialisation (algo.state_critic_input=features). Each names the TurnRecord field it reads (`reads`),
 so the trainer hands every critic its own input without asking the config.
 """

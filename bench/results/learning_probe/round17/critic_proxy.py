@@ -5,6 +5,7 @@ on the 512 held-out validation levels and on 512 training layouts.
 
     python critic_proxy.py --target optimal   # Q* with 16 steps left (value iteration)
     python critic_proxy.py --target random    # Q of the uniform random policy (the first iteration's)
+    python critic_proxy.py --features egocentric  # the map seen from the player (eighteenth round)
 """
 
 import argparse
@@ -12,7 +13,7 @@ import time
 
 import numpy as np
 import torch
-from slippery_maps import REWARD, H, features, load_maps, mean_success
+from slippery_maps import REWARD, H, add_view_option, load_maps, mean_success, view_inputs
 
 from vagen.models.state_critic import FeatureCritic
 
@@ -31,6 +32,7 @@ p.add_argument("--hidden", type=int, nargs="+", default=[256])
 p.add_argument("--steps", type=int, nargs="+", default=[1200])
 p.add_argument("--lr", type=float, default=3e-3)
 p.add_argument("--batch", type=int, default=3000)
+add_view_option(p, "--features", "the critic")
 args = p.parse_args()
 torch.set_num_threads(1)
 t0 = time.time()
@@ -61,7 +63,10 @@ print(
 )
 
 rows = [(k, s) for k in train_keys for s in range(16) if maps[k]["acting"][s]]
-inputs = torch.tensor(np.array([features(maps[k]["tiles"], s) for k, s in rows]))
+
+
+view = view_inputs(maps, args.features)
+inputs = torch.tensor(np.array([view[k][s] for k, s in rows]))
 targets = torch.tensor(np.array([maps[k]["q"][s] for k, s in rows]), dtype=torch.float32)
 for hidden in args.hidden:
     for steps in args.steps:
@@ -77,7 +82,7 @@ for hidden in args.hidden:
             optim.step()
 
         def policy_of(k: str, critic=critic) -> np.ndarray:
-            x = torch.tensor(np.stack([features(maps[k]["tiles"], s) for s in range(16)]))
+            x = torch.tensor(view[k])
             with torch.no_grad():
                 return critic.values(x).argmax(1).numpy()
 
@@ -85,7 +90,8 @@ for hidden in args.hidden:
             [(policy_of(k) == maps[k]["q"].argmax(1))[maps[k]["acting"]].mean() for k in val_keys]
         )
         print(
-            f"target {args.target}, hidden {hidden}, {steps} steps of {args.batch}: mse {loss.item():.4f}; "
+            f"target {args.target}, {args.features} features, hidden {hidden}, {steps} steps of "
+            f"{args.batch}: mse {loss.item():.4f}; "
             f"{report('greedy on the critic', policy_of)}; its argmax is the target's on {agree:.2f} of "
             f"the held-out states ({time.time() - t0:.0f}s)",
             flush=True,

@@ -11,6 +11,10 @@ the critic's greedy policies on the 512 validation levels (with --train-maps, th
 maps too). No KL anchor, no reply tokens.
 
     python mpo_loop_proxy.py --critic-steps 30 200 1000
+
+Eighteenth round: `--target max` (Q-learning targets, with `--replay 0`: every batch so far),
+`--features egocentric` (the critic reads the map seen from the player, the env's
+state_view="egocentric"), `--actor-features egocentric` (the actor too).
 """
 
 import argparse
@@ -18,7 +22,7 @@ import time
 
 import numpy as np
 import torch
-from slippery_maps import REWARD, H, features, load_maps, mean_success
+from slippery_maps import REWARD, H, add_view_option, load_maps, mean_success, view_inputs
 
 from vagen.algo.mpo import expected_sarsa_targets, mpo_targets
 from vagen.models.state_critic import FeatureCritic
@@ -36,20 +40,35 @@ p.add_argument("--eta", type=float, default=0.25)
 p.add_argument("--mix", type=float, default=0.1)
 p.add_argument("--random-start", type=float, default=0.5)
 p.add_argument("--seed", type=int, default=0)
-p.add_argument("--replay", type=int, default=1, help="the critic fits the last N batches (1: this one)")
+p.add_argument(
+    "--replay", type=int, default=1, help="the critic fits the last N batches (1: this one, 0: all)"
+)
+p.add_argument(
+    "--target",
+    choices=["sarsa", "max"],
+    default="sarsa",
+    help="critic target: expected SARSA under the actor, or Q-learning's max over next actions",
+)
 p.add_argument("--epsilon", type=float, default=0.0, help="rollouts act uniformly at random this often")
 p.add_argument("--train-maps", type=int, default=0, help="play only the first N training layouts (0: all)")
+add_view_option(p, "--features", "the critic")
+add_view_option(p, "--actor-features", "the actor")
 args = p.parse_args()
 torch.set_num_threads(1)
 maps, train_keys, val_keys = load_maps()
 train_keys = train_keys[: args.train_maps or None]
-state_inputs = {k: torch.tensor(np.stack([features(maps[k]["tiles"], s) for s in range(16)])) for k in maps}
 
 
-def greedy(net: FeatureCritic):
+state_inputs, critic_inputs = (
+    {k: torch.tensor(x) for k, x in view_inputs(maps, view).items()}
+    for view in (args.actor_features, args.features)
+)
+
+
+def greedy(net: FeatureCritic, inputs: dict[str, torch.Tensor]):
     def policy_of(k: str) -> np.ndarray:
         with torch.no_grad():
-            return net.values(state_inputs[k]).argmax(1).numpy()
+            return net.values(inputs[k]).argmax(1).numpy()
 
     return policy_of
 
@@ -78,6 +97,8 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
     return dict(
         states=torch.stack([state_inputs[k][c] for k, c in zip(keys, cells, strict=True)]),
         next_states=torch.stack([state_inputs[k][c] for k, c in zip(keys, nexts, strict=True)]),
+        critic_states=torch.stack([critic_inputs[k][c] for k, c in zip(keys, cells, strict=True)]),
+        critic_next_states=torch.stack([critic_inputs[k][c] for k, c in zip(keys, nexts, strict=True)]),
         actions=torch.tensor(actions),
         rewards=torch.tensor(rewards, dtype=torch.float32),
         has_next=torch.tensor(has_next),
@@ -88,8 +109,8 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
 for critic_steps in args.critic_steps:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
-    width = next(iter(state_inputs.values())).shape[1]
-    actor, critic = FeatureCritic(width, outputs=4), FeatureCritic(width, outputs=4)
+    actor = FeatureCritic(next(iter(state_inputs.values())).shape[1], outputs=4)
+    critic = FeatureCritic(next(iter(critic_inputs.values())).shape[1], outputs=4)
     actor_optim = torch.optim.AdamW(
         actor.parameters(), lr=args.actor_lr, betas=(0.9, 0.98), weight_decay=0.01
     )
@@ -99,6 +120,9 @@ for critic_steps in args.critic_steps:
     t0 = time.time()
     setting = (
         f"critic steps {critic_steps}, replay {args.replay}, {args.episodes} episodes, epsilon {args.epsilon}"
+        + (f", {args.target} targets" if args.target != "sarsa" else "")
+        + (f", {args.features} critic" if args.features != "layout" else "")
+        + (f", {args.actor_features} actor" if args.actor_features != "layout" else "")
     )
     line = [f"{setting}, {len(train_keys)} maps:"]
     if args.train_maps:
@@ -108,25 +132,33 @@ for critic_steps in args.critic_steps:
     replay: list[dict[str, torch.Tensor]] = []
     for iteration in range(1, args.iterations + 1):
         batch = rollout(actor, rng)
-        replay = [*replay[-(args.replay - 1) :], batch] if args.replay > 1 else [batch]
+        replay = [*replay, batch][-args.replay :] if args.replay else [*replay, batch]
         fit = {
             name: torch.cat([b[name] for b in replay])
-            for name in ("states", "next_states", "actions", "rewards", "has_next")
+            for name in (
+                "critic_states",
+                "critic_next_states",
+                "next_states",
+                "actions",
+                "rewards",
+                "has_next",
+            )
         }
         with torch.no_grad():
             old_probs = torch.softmax(actor.values(batch["states"]), -1)
             next_probs = torch.softmax(actor.values(fit["next_states"]), -1)  # Q of the current policy
         for _ in range(critic_steps):
-            q = critic.values(fit["states"])
+            q = critic.values(fit["critic_states"])
             with torch.no_grad():
-                next_values = (next_probs * critic.values(fit["next_states"])).sum(-1)
+                next_q = critic.values(fit["critic_next_states"])
+                next_values = next_q.amax(-1) if args.target == "max" else (next_probs * next_q).sum(-1)
                 y = expected_sarsa_targets(fit["rewards"], next_values, fit["has_next"], args.gamma)
             loss = 0.5 * (q.gather(1, fit["actions"][:, None]).squeeze(1) - y).pow(2).mean()
             critic_optim.zero_grad()
             loss.backward()
             critic_optim.step()
         with torch.no_grad():
-            targets = mpo_targets(critic.values(batch["states"]), old_probs, args.eta, args.mix)
+            targets = mpo_targets(critic.values(batch["critic_states"]), old_probs, args.eta, args.mix)
         for _ in range(args.epochs):
             for rows in torch.randperm(len(targets)).tensor_split(args.mini_batches):
                 logp = torch.log_softmax(actor.values(batch["states"][rows]), -1)
@@ -135,14 +167,17 @@ for critic_steps in args.critic_steps:
                 loss.backward()
                 actor_optim.step()
         if iteration % 5 == 0:
-            held_out = [mean_success(maps, val_keys, greedy(net)) for net in (actor, critic)]
+            held_out = [
+                mean_success(maps, val_keys, greedy(net, inputs))
+                for net, inputs in ((actor, state_inputs), (critic, critic_inputs))
+            ]
+            on_training_maps = (
+                f" (on the training maps: {mean_success(maps, train_keys, greedy(actor, state_inputs)):.3f})"
+                if args.train_maps
+                else ""
+            )
             line.append(
                 f"it {iteration}: sampled {batch['success_rate']:.2f}, greedy actor {held_out[0]:.3f}, "
-                f"critic {held_out[1]:.3f}"
-                + (
-                    f" (on the training maps: {mean_success(maps, train_keys, greedy(actor)):.3f});"
-                    if args.train_maps
-                    else ";"
-                )
+                f"critic {held_out[1]:.3f}{on_training_maps};"
             )
     print(" ".join(line), f"({time.time() - t0:.0f}s)", flush=True)

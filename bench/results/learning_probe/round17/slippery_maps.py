@@ -2,6 +2,8 @@
 the 512 validation levels' layouts), each with its transition tensor, value-iteration optimum and the
 env's one-hot state features; exact success of a stationary policy (envs_visual's policy_success)."""
 
+import argparse
+
 import gymnasium as gym
 import numpy as np
 
@@ -57,3 +59,39 @@ def mean_success(maps: dict, keys: list[str], policy_of) -> float:
     return float(
         np.mean([policy_success(maps[k]["desc"], maps[k]["P"], policy_of(k), maps[k]["s0"], H) for k in keys])
     )
+
+
+EGOCENTRIC = gym.make(
+    "envs_visual/FrozenLake-v0", size=4, is_slippery=True, state_view="egocentric"
+).unwrapped
+
+
+def egocentric_features(desc: list[str], cell: int) -> np.ndarray:
+    """FrozenLakeEnv.state_features() with state_view="egocentric" of the player on `cell` of `desc`."""
+    EGOCENTRIC.reset(options={"map": desc})  # the map is rebuilt only when it changes
+    EGOCENTRIC.lake.s = cell
+    return EGOCENTRIC.state_features()
+
+
+def add_view_option(parser: argparse.ArgumentParser, flag: str, reader: str) -> None:
+    """`flag` picks what `reader` reads: the env's state_features() with state_view layout or egocentric."""
+    parser.add_argument(
+        flag,
+        choices=["layout", "egocentric"],
+        default="layout",
+        help=f"{reader}'s input: the map's tiles row-major and the player's cell, or the map seen from the "
+        "player",
+    )
+
+
+def view_inputs(maps: dict, view: str) -> dict[str, np.ndarray]:
+    """Every layout's (16, F) state features of the player on each cell, in `view`."""
+    return {
+        key: np.stack(
+            [
+                egocentric_features(m["desc"], s) if view == "egocentric" else features(m["tiles"], s)
+                for s in range(16)
+            ]
+        )
+        for key, m in maps.items()
+    }

@@ -215,10 +215,11 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         row, col = self.player
         window = np.zeros((2 * n - 1, 2 * n - 1, 3), dtype=np.float32)
         window[..., 2] = 1.0  # off the map, until a map cell is written
-        letters = np.array([list(line) for line in self.desc])  # (n, n)
+        codes = self._static_codes  # (n, n) LETTER_CODES of the map, built once per map at reset
         top, left = n - 1 - row, n - 1 - col  # where the map's cell (0, 0) lands in the window
         on_map = window[top : top + n, left : left + n]  # a view: writes land in the window
-        on_map[..., 0], on_map[..., 1], on_map[..., 2] = letters == "H", letters == "G", 0.0
+        on_map[..., 0], on_map[..., 1] = codes == LETTER_CODES["H"], codes == LETTER_CODES["G"]
+        on_map[..., 2] = 0.0
         return window.ravel()
 
     def describe_state(self) -> list[Fact]:

@@ -6,6 +6,7 @@ on the 512 held-out validation levels and on 512 training layouts.
     python critic_proxy.py --target optimal   # Q* with 16 steps left (value iteration)
     python critic_proxy.py --target random    # Q of the uniform random policy (the first iteration's)
     python critic_proxy.py --features egocentric  # the map seen from the player (eighteenth round)
+    python critic_proxy.py --critic-net conv  # convolutions over the map's planes (nineteenth round)
 """
 
 import argparse
@@ -13,9 +14,16 @@ import time
 
 import numpy as np
 import torch
-from slippery_maps import REWARD, H, add_view_option, load_maps, mean_success, view_inputs
-
-from vagen.models.state_critic import FeatureCritic
+from slippery_maps import (
+    REWARD,
+    H,
+    add_critic_option,
+    add_view_option,
+    load_maps,
+    make_critic,
+    mean_success,
+    view_inputs,
+)
 
 
 def random_policy_values(T: np.ndarray, goal: np.ndarray, hole: np.ndarray) -> np.ndarray:
@@ -33,6 +41,7 @@ p.add_argument("--steps", type=int, nargs="+", default=[1200])
 p.add_argument("--lr", type=float, default=3e-3)
 p.add_argument("--batch", type=int, default=3000)
 add_view_option(p, "--features", "the critic")
+add_critic_option(p)
 args = p.parse_args()
 torch.set_num_threads(1)
 t0 = time.time()
@@ -71,7 +80,7 @@ targets = torch.tensor(np.array([maps[k]["q"][s] for k, s in rows]), dtype=torch
 for hidden in args.hidden:
     for steps in args.steps:
         torch.manual_seed(0)
-        critic = FeatureCritic(inputs.shape[1], hidden=hidden, outputs=4)
+        critic = make_critic(args.critic_net, args.features, inputs.shape[1], hidden)
         optim = torch.optim.AdamW(critic.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
         t0 = time.time()
         for _ in range(steps):
@@ -90,7 +99,8 @@ for hidden in args.hidden:
             [(policy_of(k) == maps[k]["q"].argmax(1))[maps[k]["acting"]].mean() for k in val_keys]
         )
         print(
-            f"target {args.target}, {args.features} features, hidden {hidden}, {steps} steps of "
+            f"target {args.target}, {args.features} features, {args.critic_net} critic, hidden {hidden}, "
+            f"{steps} steps of "
             f"{args.batch}: mse {loss.item():.4f}; "
             f"{report('greedy on the critic', policy_of)}; its argmax is the target's on {agree:.2f} of "
             f"the held-out states ({time.time() - t0:.0f}s)",

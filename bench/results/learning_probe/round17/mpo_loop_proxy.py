@@ -14,7 +14,8 @@ maps too). No KL anchor, no reply tokens.
 
 Eighteenth round: `--target max` (Q-learning targets, with `--replay 0`: every batch so far),
 `--features egocentric` (the critic reads the map seen from the player, the env's
-state_view="egocentric"), `--actor-features egocentric` (the actor too).
+state_view="egocentric"), `--actor-features egocentric` (the actor too). Nineteenth: `--critic-net conv`
+(slippery_maps.ConvCritic: convolutions over the layout's planes).
 """
 
 import argparse
@@ -22,7 +23,16 @@ import time
 
 import numpy as np
 import torch
-from slippery_maps import REWARD, H, add_view_option, load_maps, mean_success, view_inputs
+from slippery_maps import (
+    REWARD,
+    H,
+    add_critic_option,
+    add_view_option,
+    load_maps,
+    make_critic,
+    mean_success,
+    view_inputs,
+)
 
 from vagen.algo.mpo import expected_sarsa_targets, mpo_targets
 from vagen.models.state_critic import FeatureCritic
@@ -53,6 +63,7 @@ p.add_argument("--epsilon", type=float, default=0.0, help="rollouts act uniforml
 p.add_argument("--train-maps", type=int, default=0, help="play only the first N training layouts (0: all)")
 add_view_option(p, "--features", "the critic")
 add_view_option(p, "--actor-features", "the actor")
+add_critic_option(p)
 args = p.parse_args()
 torch.set_num_threads(1)
 maps, train_keys, val_keys = load_maps()
@@ -65,7 +76,7 @@ state_inputs, critic_inputs = (
 )
 
 
-def greedy(net: FeatureCritic, inputs: dict[str, torch.Tensor]):
+def greedy(net: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     def policy_of(k: str) -> np.ndarray:
         with torch.no_grad():
             return net.values(inputs[k]).argmax(1).numpy()
@@ -110,7 +121,7 @@ for critic_steps in args.critic_steps:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     actor = FeatureCritic(next(iter(state_inputs.values())).shape[1], outputs=4)
-    critic = FeatureCritic(next(iter(critic_inputs.values())).shape[1], outputs=4)
+    critic = make_critic(args.critic_net, args.features, next(iter(critic_inputs.values())).shape[1])
     actor_optim = torch.optim.AdamW(
         actor.parameters(), lr=args.actor_lr, betas=(0.9, 0.98), weight_decay=0.01
     )
@@ -123,6 +134,7 @@ for critic_steps in args.critic_steps:
         + (f", {args.target} targets" if args.target != "sarsa" else "")
         + (f", {args.features} critic" if args.features != "layout" else "")
         + (f", {args.actor_features} actor" if args.actor_features != "layout" else "")
+        + (f", {args.critic_net} critic net" if args.critic_net != "mlp" else "")
     )
     line = [f"{setting}, {len(train_keys)} maps:"]
     if args.train_maps:

@@ -6,6 +6,8 @@ import argparse
 
 import gymnasium as gym
 import numpy as np
+import torch
+from torch import nn
 
 import envs_visual  # noqa: F401
 from envs_visual.frozenlake.planning import (
@@ -14,6 +16,7 @@ from envs_visual.frozenlake.planning import (
     transition_tensor,
     value_iteration,
 )
+from vagen.models.state_critic import FeatureCritic
 from vagen.rollout.seeds import is_held_out
 
 H, REWARD = 16, 10.0  # the recipe's step budget and goal reward
@@ -95,3 +98,41 @@ def view_inputs(maps: dict, view: str) -> dict[str, np.ndarray]:
         )
         for key, m in maps.items()
     }
+
+
+class ConvCritic(nn.Module):
+    """Q(s, .) from the layout view (`features`): 3 x 3 convolutions over the map's tile planes (zero
+    padding: off the map) give every cell's four action values at once; the player's one-hot reads its
+    cell's. The same weights on every cell, as the egocentric view shares its inputs (nineteenth round)."""
+
+    def __init__(self, layers: int = 4, width: int = 64) -> None:
+        super().__init__()
+        convs, channels = [], 3
+        for _ in range(layers):
+            convs += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU()]
+            channels = width
+        self.net = nn.Sequential(*convs, nn.Conv2d(channels, 4, 1))
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, 4) from (N, 64) layout features: tiles (16 cells x ice, hole, goal), then the player's cell."""
+        tiles = x[:, :48].reshape(-1, 4, 4, 3).permute(0, 3, 1, 2)
+        q_map = self.net(tiles).flatten(2)  # (N, 4 actions, 16 cells)
+        return (q_map * x[:, None, 48:]).sum(-1)
+
+
+def add_critic_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--critic-net",
+        choices=["mlp", "conv"],
+        default="mlp",
+        help="the recipe's FeatureCritic MLP, or ConvCritic (layout view only: it reads the map's planes)",
+    )
+
+
+def make_critic(net: str, view: str, in_features: int, hidden: int = 256) -> nn.Module:
+    """A Q critic of four actions on `in_features` state features in `view` (`hidden`: the MLP's width)."""
+    if net == "mlp":
+        return FeatureCritic(in_features, hidden=hidden, outputs=4)
+    if view != "layout":
+        raise ValueError("--critic-net conv reads the layout view's planes: drop --features egocentric")
+    return ConvCritic()

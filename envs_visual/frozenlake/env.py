@@ -40,10 +40,8 @@ LETTER_CODES = {"F": 0, "H": 1, "G": 2, "S": 3}
 PLAYER_CODES = {"F": 4, "S": 4, "H": 5, "G": 6}
 GRID_CHARSET = "SFHGP\n"
 FEATURE_TILES = {"F": 0, "S": 0, "H": 1, "G": 2}  # state_features' tile channels: ice (start too), hole, goal
-STATE_VIEWS = (
-    "layout",
-    "egocentric",
-)  # state_features(): the map row-major + the player, or seen from the player
+# state_features(): the map row-major + the player's cell, or the map seen from the player
+STATE_VIEWS = ("layout", "egocentric")
 
 INSTRUCTION = (
     "You are playing FrozenLake. Walk from the start to the goal over the frozen lake without "

@@ -14,16 +14,7 @@ import time
 
 import numpy as np
 import torch
-from slippery_maps import (
-    REWARD,
-    H,
-    add_critic_option,
-    add_view_option,
-    load_maps,
-    make_critic,
-    mean_success,
-    view_inputs,
-)
+from slippery_maps import REWARD, H, add_critic_options, load_maps, make_critic, mean_success, view_inputs
 
 
 def random_policy_values(T: np.ndarray, goal: np.ndarray, hole: np.ndarray) -> np.ndarray:
@@ -40,8 +31,7 @@ p.add_argument("--hidden", type=int, nargs="+", default=[256])
 p.add_argument("--steps", type=int, nargs="+", default=[1200])
 p.add_argument("--lr", type=float, default=3e-3)
 p.add_argument("--batch", type=int, default=3000)
-add_view_option(p, "--features", "the critic")
-add_critic_option(p)
+add_critic_options(p)
 args = p.parse_args()
 torch.set_num_threads(1)
 t0 = time.time()
@@ -72,15 +62,13 @@ print(
 )
 
 rows = [(k, s) for k in train_keys for s in range(16) if maps[k]["acting"][s]]
-
-
 view = view_inputs(maps, args.features)
 inputs = torch.tensor(np.array([view[k][s] for k, s in rows]))
 targets = torch.tensor(np.array([maps[k]["q"][s] for k, s in rows]), dtype=torch.float32)
 for hidden in args.hidden:
     for steps in args.steps:
         torch.manual_seed(0)
-        critic = make_critic(args.critic_net, args.features, inputs.shape[1], hidden)
+        critic = make_critic(args, inputs.shape[1], hidden)
         optim = torch.optim.AdamW(critic.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.01)
         t0 = time.time()
         for _ in range(steps):
@@ -100,8 +88,7 @@ for hidden in args.hidden:
         )
         print(
             f"target {args.target}, {args.features} features, {args.critic_net} critic, hidden {hidden}, "
-            f"{steps} steps of "
-            f"{args.batch}: mse {loss.item():.4f}; "
+            f"{steps} steps of {args.batch}: mse {loss.item():.4f}; "
             f"{report('greedy on the critic', policy_of)}; its argmax is the target's on {agree:.2f} of "
             f"the held-out states ({time.time() - t0:.0f}s)",
             flush=True,

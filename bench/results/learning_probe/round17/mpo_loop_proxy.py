@@ -26,7 +26,7 @@ import torch
 from slippery_maps import (
     REWARD,
     H,
-    add_critic_option,
+    add_critic_options,
     add_view_option,
     load_maps,
     make_critic,
@@ -61,9 +61,8 @@ p.add_argument(
 )
 p.add_argument("--epsilon", type=float, default=0.0, help="rollouts act uniformly at random this often")
 p.add_argument("--train-maps", type=int, default=0, help="play only the first N training layouts (0: all)")
-add_view_option(p, "--features", "the critic")
 add_view_option(p, "--actor-features", "the actor")
-add_critic_option(p)
+add_critic_options(p)
 args = p.parse_args()
 torch.set_num_threads(1)
 maps, train_keys, val_keys = load_maps()
@@ -121,7 +120,7 @@ for critic_steps in args.critic_steps:
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     actor = FeatureCritic(next(iter(state_inputs.values())).shape[1], outputs=4)
-    critic = make_critic(args.critic_net, args.features, next(iter(critic_inputs.values())).shape[1])
+    critic = make_critic(args, next(iter(critic_inputs.values())).shape[1])
     actor_optim = torch.optim.AdamW(
         actor.parameters(), lr=args.actor_lr, betas=(0.9, 0.98), weight_decay=0.01
     )

@@ -120,7 +120,9 @@ class ConvCritic(nn.Module):
         return (q_map * x[:, None, 48:]).sum(-1)
 
 
-def add_critic_option(parser: argparse.ArgumentParser) -> None:
+def add_critic_options(parser: argparse.ArgumentParser) -> None:
+    """--features (the critic's view) and --critic-net (its network), read by `make_critic`."""
+    add_view_option(parser, "--features", "the critic")
     parser.add_argument(
         "--critic-net",
         choices=["mlp", "conv"],
@@ -129,10 +131,11 @@ def add_critic_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def make_critic(net: str, view: str, in_features: int, hidden: int = 256) -> nn.Module:
-    """A Q critic of four actions on `in_features` state features in `view` (`hidden`: the MLP's width)."""
-    if net == "mlp":
+def make_critic(args: argparse.Namespace, in_features: int, hidden: int = 256) -> nn.Module:
+    """A Q critic of four actions on `in_features` state features, as `add_critic_options` parsed it
+    (`hidden`: the MLP's width)."""
+    if args.critic_net == "mlp":
         return FeatureCritic(in_features, hidden=hidden, outputs=4)
-    if view != "layout":
+    if args.features != "layout":
         raise ValueError("--critic-net conv reads the layout view's planes: drop --features egocentric")
     return ConvCritic()

@@ -275,6 +275,7 @@ class Curve:
     last_step: int
     references: dict[str, tuple[float, float, float] | float]  # format/solver: (rate, low, high); optimal
     minutes_total: float = 0.0  # RL wall minutes of the whole run
+    threads: int | None = None  # torch threads per rank (logged at step 0 since 2026-12-04)
 
 
 def read_references(warm_starts: dict[str, str]) -> dict:
@@ -316,6 +317,7 @@ def read_curve(run_dir: Path) -> Curve | None:
     for line in sorted(metrics, key=lambda m: m["step"]):
         elapsed += line.get("time/step_s", 0.0)
         curve.last_step = max(curve.last_step, int(line["step"]))
+        curve.threads = line.get("time/torch_threads", curve.threads)
         if "val/success_rate" in line:
             curve.steps.append(int(line["step"]))
             curve.minutes.append(elapsed / 60)
@@ -349,10 +351,10 @@ def reference_cell(references: dict, kind: str) -> str:
 
 def markdown_table(curves: list[Curve]) -> str:
     header = (
-        "| task | algorithm | seed | success before | success after (95% CI) | steps | wall min "
+        "| task | algorithm | seed | success before | success after (95% CI) | steps | wall min | threads "
         "| format warm start | solver warm start | optimum (VI) |"
     )
-    lines = [header, "|" + "---|" * 10]
+    lines = [header, "|" + "---|" * 11]
     for c in sorted(curves, key=lambda c: (c.task, c.algo, c.seed)):
         before = rate(c.success[0], c.ci_low[0], c.ci_high[0]) if c.steps and c.steps[0] == 0 else "-"
         after = (
@@ -369,6 +371,7 @@ def markdown_table(curves: list[Curve]) -> str:
             after,
             str(c.last_step),
             f"{c.minutes_total:.1f}",
+            "-" if c.threads is None else str(c.threads),
             *refs,
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -437,8 +440,9 @@ def summarize(run_dirs: list[Path], results: Path) -> None:
     table = markdown_table(curves) + "\n" + mean_table(curves)
     (results / "learning.md").write_text(
         "# Learning benchmark (bench/learning.py)\n\nValidation success on held-out levels; after = the "
-        "last validation (@ its step). References: the warm starts' own evaluation (vagen.sft) and the "
-        "value-iteration optimum where the env has one.\n\n" + table
+        "last validation (@ its step); threads = torch threads per rank ('-': not logged, runs before "
+        "2026-12-04). References: the warm starts' own evaluation (vagen.sft) and the value-iteration "
+        "optimum where the env has one.\n\n" + table
     )
     print(table)
     for task in sorted({c.task for c in curves}):
@@ -488,6 +492,9 @@ def main() -> None:
             load_config(REPO / run.recipe, run.overrides)
         except ConfigError as err:
             raise SystemExit(f"{run.task} {run.algo}: config error: {err}") from None
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads is not None and int(threads) < (os.cpu_count() or 1):  # the budgets are wall time
+        print(f"note: OMP_NUM_THREADS={threads}: each timed run uses {threads} of {os.cpu_count()} CPUs")
     execute(runs, with_solver=not args.no_solver, dry_run=args.dry_run)
     if not args.dry_run:
         summarize([REPO / run.run_dir for run in runs], Path(args.results))

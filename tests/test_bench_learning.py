@@ -12,7 +12,9 @@ learning = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(learning)
 
 
-def fake_run(root: Path, name: str, algo: str, seed: int, finals: list[float], warm: Path) -> None:
+def fake_run(
+    root: Path, name: str, algo: str, seed: int, finals: list[float], warm: Path, threads: int | None = None
+) -> None:
     run_dir = root / name
     run_dir.mkdir(parents=True)
     bench = {"task": "frozenlake", "algo": algo, "seed": seed, "warm_starts": {"format": str(warm)}}
@@ -23,6 +25,8 @@ def fake_run(root: Path, name: str, algo: str, seed: int, finals: list[float], w
         line |= {"val/success_ci_low": success - 0.05, "val/success_ci_high": success + 0.05}
         if i:
             line["time/step_s"] = 60.0  # one minute per validation interval
+        elif threads is not None:  # the trainer logs its torch threads at step 0
+            line["time/torch_threads"] = threads
         lines.append(line)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
 
@@ -33,12 +37,13 @@ def test_summary_table_and_plots_from_run_folders(tmp_path):
     report = {"after": {"success": 0.02, "success_ci": [0.01, 0.04]}, "teacher_success": {"optimal": 0.7}}
     (warm / "sft_report.json").write_text(json.dumps(report))
     fake_run(tmp_path / "runs", "a", "grpo", 0, [0.0, 0.2, 0.4], warm)
-    fake_run(tmp_path / "runs", "b", "grpo", 1, [0.0, 0.3, 0.6], warm)
+    fake_run(tmp_path / "runs", "b", "grpo", 1, [0.0, 0.3, 0.6], warm, threads=2)
     fake_run(tmp_path / "runs", "c", "gae", 0, [0.0, 0.1], warm)
     learning.summarize(learning.find_run_dirs([str(tmp_path / "runs")]), tmp_path / "results")
 
     table = (tmp_path / "results" / "learning.md").read_text()
-    assert "| frozenlake | grpo | 1 | 0.000 [-0.05, 0.05] | 0.600 [0.55, 0.65] @ 20 | 20 | 2.0 " in table
+    assert "| frozenlake | grpo | 1 | 0.000 [-0.05, 0.05] | 0.600 [0.55, 0.65] @ 20 | 20 | 2.0 | 2 |" in table
+    assert "| frozenlake | grpo | 0 | 0.000 [-0.05, 0.05] | 0.400 [0.35, 0.45] @ 20 | 20 | 2.0 | - |" in table
     assert "| 0.020 [0.01, 0.04] | - | 0.700 |" in table  # format warm start, no solver, the VI optimum
     assert "| frozenlake | grpo | 2 | 0.500 | 0.400 .. 0.600 |" in table  # mean over seeds
     assert (tmp_path / "results" / "learning_frozenlake.png").stat().st_size > 10_000

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -682,6 +683,9 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         print(f"[vagen] run folder {run_dir}; {sizes.describe()}", flush=True)
     models = build_models(cfg, sizes)
+    threads = torch.get_num_threads()  # after vLLM's CPU worker, which may bind its own
+    if rank == 0:  # timed runs: OMP_NUM_THREADS=1 on a 2-core machine halves the CPU the budget buys
+        print(f"[vagen] torch threads per rank: {threads} ({os.cpu_count()} CPUs)", flush=True)
     manager = RolloutManager(cfg.env, cfg.rollout, models.generation, models.processor)
     tokenizer = tokenizer_of(models.processor)
 
@@ -704,7 +708,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     if state["val_before"] is None:
         logger.phase("validate")
         state["val_before"] = validate(manager, cfg, rank, world)
-        logger.log({"step": 0, **state["val_before"]}, advance=False)
+        logger.log({"step": 0, **state["val_before"], "time/torch_threads": threads}, advance=False)
     step, batch, stopped, val_after = state["step"], None, False, None
     while step < cfg.trainer.steps and not stopped:
         step += 1

@@ -15,7 +15,9 @@ maps too). No KL anchor, no reply tokens.
 Eighteenth round: `--target max` (Q-learning targets, with `--replay 0`: every batch so far),
 `--features egocentric` (the critic reads the map seen from the player, the env's
 state_view="egocentric"), `--actor-features egocentric` (the actor too). Nineteenth: `--critic-net conv`
-(slippery_maps.ConvCritic: convolutions over the layout's planes).
+(slippery_maps.ConvCritic: convolutions over the layout's planes). Twentieth: `--lam` (the critic's
+targets are lambda-returns, bootstrapped on sum_a pi_old Q), `--decay` (the actor's lr falls linearly to 0
+over the run).
 """
 
 import argparse
@@ -40,6 +42,8 @@ from vagen.models.state_critic import FeatureCritic
 p = argparse.ArgumentParser()
 p.add_argument("--critic-steps", type=int, nargs="+", default=[30])
 p.add_argument("--iterations", type=int, default=30)
+p.add_argument("--decay", action="store_true", help="the actor's lr falls linearly to 0 over the run")
+p.add_argument("--lam", type=float, default=0.0, help="critic targets: lambda-returns (0: expected SARSA)")
 p.add_argument("--episodes", type=int, default=256)
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--mini-batches", type=int, default=16)
@@ -64,6 +68,8 @@ p.add_argument("--train-maps", type=int, default=0, help="play only the first N 
 add_view_option(p, "--actor-features", "the actor")
 add_critic_options(p)
 args = p.parse_args()
+if args.lam > 0 and args.replay != 1:
+    raise SystemExit("--lam needs --replay 1: the returns follow the episodes of the current batch")
 torch.set_num_threads(1)
 maps, train_keys, val_keys = load_maps()
 train_keys = train_keys[: args.train_maps or None]
@@ -73,6 +79,22 @@ state_inputs, critic_inputs = (
     {k: torch.tensor(x) for k, x in view_inputs(maps, view).items()}
     for view in (args.actor_features, args.features)
 )
+
+
+def lambda_returns(batch: dict[str, torch.Tensor], next_values: torch.Tensor, lam: float) -> torch.Tensor:
+    """G_t = r_t + gamma has_next_t ((1 - lam) V(s_t+1) + lam G_t+1), backwards over each episode."""
+    where = (batch["episode"], batch["time"])
+
+    def by_episode(x: torch.Tensor) -> torch.Tensor:  # (turns,) -> (episodes, H), zero past the end
+        return torch.zeros(args.episodes, H).index_put_(where, x.float())
+
+    rewards, going_on = by_episode(batch["rewards"]), by_episode(batch["has_next"])
+    values = by_episode(next_values)
+    returns, ahead = torch.zeros(args.episodes, H), torch.zeros(args.episodes)
+    for t in range(H - 1, -1, -1):
+        ahead = rewards[:, t] + args.gamma * going_on[:, t] * ((1 - lam) * values[:, t] + lam * ahead)
+        returns[:, t] = ahead
+    return returns[where]
 
 
 def greedy(net: torch.nn.Module, inputs: dict[str, torch.Tensor]):
@@ -87,7 +109,7 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
     """One batch of episodes: every acting turn's layout, cell, action, reward, next cell, has_next."""
     turns = []
     successes = 0
-    for _ in range(args.episodes):
+    for episode in range(args.episodes):
         key = train_keys[rng.integers(len(train_keys))]
         m = maps[key]
         cell = m["s0"] if rng.random() >= args.random_start else int(rng.choice(np.flatnonzero(m["acting"])))
@@ -98,12 +120,13 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
             action = rng.integers(4) if explore else rng.choice(4, p=probs[cell] / probs[cell].sum())
             nxt = int(rng.choice(16, p=m["T"][cell, action]))
             done = bool(m["goal"][nxt] or m["hole"][nxt])
-            turns.append((key, cell, action, REWARD * m["goal"][nxt], nxt, not done and t < H - 1))
+            going_on = not done and t < H - 1
+            turns.append((key, cell, action, REWARD * m["goal"][nxt], nxt, going_on, episode, t))
             successes += int(m["goal"][nxt])
             cell = nxt
             if done:
                 break
-    keys, cells, actions, rewards, nexts, has_next = zip(*turns, strict=True)
+    keys, cells, actions, rewards, nexts, has_next, episodes, times = zip(*turns, strict=True)
     return dict(
         states=torch.stack([state_inputs[k][c] for k, c in zip(keys, cells, strict=True)]),
         next_states=torch.stack([state_inputs[k][c] for k, c in zip(keys, nexts, strict=True)]),
@@ -112,6 +135,8 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
         actions=torch.tensor(actions),
         rewards=torch.tensor(rewards, dtype=torch.float32),
         has_next=torch.tensor(has_next),
+        episode=torch.tensor(episodes),
+        time=torch.tensor(times),
         success_rate=torch.tensor(successes / args.episodes),
     )
 
@@ -134,6 +159,8 @@ for critic_steps in args.critic_steps:
         + (f", {args.features} critic" if args.features != "layout" else "")
         + (f", {args.actor_features} actor" if args.actor_features != "layout" else "")
         + (f", {args.critic_net} critic net" if args.critic_net != "mlp" else "")
+        + (f", lambda-returns {args.lam}" if args.lam > 0 else "")
+        + (", actor lr decay" if args.decay else "")
     )
     line = [f"{setting}, {len(train_keys)} maps:"]
     if args.train_maps:
@@ -163,11 +190,17 @@ for critic_steps in args.critic_steps:
             with torch.no_grad():
                 next_q = critic.values(fit["critic_next_states"])
                 next_values = next_q.amax(-1) if args.target == "max" else (next_probs * next_q).sum(-1)
-                y = expected_sarsa_targets(fit["rewards"], next_values, fit["has_next"], args.gamma)
+                if args.lam > 0:
+                    y = lambda_returns(batch, next_values, args.lam)
+                else:
+                    y = expected_sarsa_targets(fit["rewards"], next_values, fit["has_next"], args.gamma)
             loss = 0.5 * (q.gather(1, fit["actions"][:, None]).squeeze(1) - y).pow(2).mean()
             critic_optim.zero_grad()
             loss.backward()
             critic_optim.step()
+        if args.decay:
+            for group in actor_optim.param_groups:
+                group["lr"] = args.actor_lr * (1 - (iteration - 1) / args.iterations)
         with torch.no_grad():
             targets = mpo_targets(critic.values(batch["critic_states"]), old_probs, args.eta, args.mix)
         for _ in range(args.epochs):

@@ -14,9 +14,9 @@ import deepspeed
 import pytest
 import torch
 
-from vagen.config import load_config
+from vagen.config import ConfigError, load_config
 from vagen.metrics import read_metrics
-from vagen.trainer import guarded_step, init_distributed, micro_batches, train
+from vagen.trainer import guarded_step, init_distributed, lr_schedule, micro_batches, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -351,3 +351,20 @@ def test_one_mpo_update_raises_the_better_action_even_where_another_was_sampled(
         after[:, 1] < probs[:, 1]
     ).all()  # measured: Right 0.26 -> 0.69
     assert after[:, 3].mean() > 0.5
+
+
+def test_lr_schedule_warms_up_then_holds_or_decays_linearly_to_zero():
+    def factors(decay: str) -> list[float]:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        schedule = lr_schedule(optimizer, warmup_steps=2, decay=decay, total_steps=4)
+        seen = []
+        for _ in range(5):
+            seen.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            schedule.step()
+        return seen
+
+    assert factors("constant") == pytest.approx([0.5, 1.0, 1.0, 1.0, 1.0])
+    assert factors("linear") == pytest.approx([0.5, 0.75, 0.5, 0.25, 0.0])  # (k+1)/2 capped x (1 - k/4)
+    with pytest.raises(ConfigError, match="optim.lr_decay"):
+        load_config(REPO / "configs/frozenlake_tiny.yaml", ["optim.lr_decay=cosine"])

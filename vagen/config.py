@@ -29,6 +29,7 @@ CRITIC_KINDS = ("model", "state")
 STATE_CRITIC_INPUTS = ("text", "features")
 TURN_LEVEL_ESTIMATORS = ("turn_gae", "bilevel_gae")  # credit over turns: a value per turn suffices
 POLICY_UPDATES = ("ppo", "mpo")
+LR_DECAYS = ("constant", "linear")
 
 
 class ConfigError(ValueError):
@@ -195,6 +196,10 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
     eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
     warmup_steps: int = field(default=0, metadata={"help": "optimizer steps of linear LR warm-up from 0"})
+    lr_decay: str = field(
+        default="constant",
+        metadata={"help": "constant | linear (to 0 at the last of trainer.steps' optimizer steps)"},
+    )
     grad_clip: float = field(default=1.0, metadata={"help": "clip the gradient norm to this (DeepSpeed)"})
     max_grad_norm: float = field(
         default=1000.0,
@@ -461,6 +466,9 @@ def validate(cfg: RunConfig) -> None:
     _require(len(optim.betas) == 2, "optim.betas", f"needs two values, got {optim.betas}")
     _require(optim.max_grad_norm > 0.0, "optim.max_grad_norm", f"must be > 0, got {optim.max_grad_norm}")
     _require(optim.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {optim.warmup_steps}")
+    _require(
+        optim.lr_decay in LR_DECAYS, "optim.lr_decay", f"must be one of {LR_DECAYS}, got {optim.lr_decay!r}"
+    )
     _require(trainer.steps >= 1, "trainer.steps", f"must be >= 1, got {trainer.steps}")
     _require(trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
     _require(trainer.score_micro_batch_size >= 1, "trainer.score_micro_batch_size", "must be >= 1")

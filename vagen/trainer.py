@@ -116,9 +116,17 @@ def deepspeed_config(cfg: RunConfig, sizes: DerivedSizes) -> dict[str, Any]:
     return ds
 
 
-def warmup_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """lr_k = lr * min(1, (k + 1) / warmup_steps) for optimizer step k = 0, 1, ... (constant after)."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / max(1, warmup_steps)))
+def lr_schedule(
+    optimizer: torch.optim.Optimizer, warmup_steps: int, decay: str = "constant", total_steps: int = 1
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """lr_k = lr * min(1, (k + 1) / warmup_steps) * d_k for optimizer step k = 0, 1, ...;
+    d_k = 1 ("constant") or max(0, 1 - k / total_steps) ("linear": the last step's lr is lr / total_steps)."""
+
+    def factor(k: int) -> float:
+        warmup = min(1.0, (k + 1) / max(1, warmup_steps))
+        return warmup * (max(0.0, 1.0 - k / max(1, total_steps)) if decay == "linear" else 1.0)
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def make_deepspeed_engine(model: torch.nn.Module, lr: float, cfg: RunConfig, sizes: DerivedSizes):
@@ -130,7 +138,12 @@ def make_deepspeed_engine(model: torch.nn.Module, lr: float, cfg: RunConfig, siz
     engine, _, _, _ = deepspeed.initialize(
         model=model,
         optimizer=optimizer,
-        lr_scheduler=warmup_schedule(optimizer, optim.warmup_steps),
+        lr_scheduler=lr_schedule(
+            optimizer,
+            optim.warmup_steps,
+            optim.lr_decay,
+            cfg.trainer.steps * sizes.optimizer_steps_per_iteration,
+        ),
         config=deepspeed_config(cfg, sizes),
     )
     return engine

@@ -492,8 +492,8 @@ def main() -> None:
             load_config(REPO / run.recipe, run.overrides)
         except ConfigError as err:
             raise SystemExit(f"{run.task} {run.algo}: config error: {err}") from None
-    threads = os.environ.get("OMP_NUM_THREADS")
-    if threads is not None and int(threads) < (os.cpu_count() or 1):  # the budgets are wall time
+    threads = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]  # OpenMP also takes "4,2" (nested)
+    if threads.isdigit() and int(threads) < (os.cpu_count() or 1):  # the budgets are wall time
         print(f"note: OMP_NUM_THREADS={threads}: each timed run uses {threads} of {os.cpu_count()} CPUs")
     execute(runs, with_solver=not args.no_solver, dry_run=args.dry_run)
     if not args.dry_run:

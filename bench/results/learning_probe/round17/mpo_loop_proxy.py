@@ -152,6 +152,8 @@ for critic_steps in args.critic_steps:
     critic_optim = torch.optim.AdamW(
         critic.parameters(), lr=args.critic_lr, betas=(0.9, 0.98), weight_decay=0.01
     )
+    # --decay: iteration i fits the actor at lr (1 - (i - 1) / iterations)
+    decay = torch.optim.lr_scheduler.LinearLR(actor_optim, 1.0, 0.0, args.iterations) if args.decay else None
     t0 = time.time()
     setting = (
         f"critic steps {critic_steps}, replay {args.replay}, {args.episodes} episodes, epsilon {args.epsilon}"
@@ -198,9 +200,6 @@ for critic_steps in args.critic_steps:
             critic_optim.zero_grad()
             loss.backward()
             critic_optim.step()
-        if args.decay:
-            for group in actor_optim.param_groups:
-                group["lr"] = args.actor_lr * (1 - (iteration - 1) / args.iterations)
         with torch.no_grad():
             targets = mpo_targets(critic.values(batch["critic_states"]), old_probs, args.eta, args.mix)
         for _ in range(args.epochs):
@@ -210,6 +209,8 @@ for critic_steps in args.critic_steps:
                 actor_optim.zero_grad()
                 loss.backward()
                 actor_optim.step()
+        if decay is not None:
+            decay.step()
         if iteration % 5 == 0:
             held_out = [
                 mean_success(maps, val_keys, greedy(net, inputs))

@@ -17,7 +17,11 @@ Eighteenth round: `--target max` (Q-learning targets, with `--replay 0`: every b
 state_view="egocentric"), `--actor-features egocentric` (the actor too). Nineteenth: `--critic-net conv`
 (slippery_maps.ConvCritic: convolutions over the layout's planes). Twentieth: `--lam` (the critic's
 targets are lambda-returns, bootstrapped on sum_a pi_old Q), `--decay` (the actor's lr falls linearly to 0
-over the run).
+over the run). Twenty-first: every 5 iterations the critic is compared with the exact Q of the rollout
+policy on the batch's turns (slippery_maps.policy_q: its greedy action agrees, correlation of the
+advantages, regret of its greedy action under the exact Q); `--oracle` fits the actor to targets from
+that exact Q instead of the critic's (the update's ceiling with a perfect critic); `--bootstrap-timeout`
+bootstraps the critic's target on the turn the 16-step budget ends (the critic sees no clock).
 """
 
 import argparse
@@ -33,6 +37,7 @@ from slippery_maps import (
     load_maps,
     make_critic,
     mean_success,
+    policy_q,
     view_inputs,
 )
 
@@ -45,6 +50,10 @@ p.add_argument("--iterations", type=int, default=30)
 p.add_argument("--decay", action="store_true", help="the actor's lr falls linearly to 0 over the run")
 p.add_argument("--lam", type=float, default=0.0, help="critic targets: lambda-returns (0: expected SARSA)")
 p.add_argument("--episodes", type=int, default=256)
+p.add_argument("--oracle", action="store_true", help="the actor's targets from the exact Q of pi_old")
+p.add_argument(
+    "--bootstrap-timeout", action="store_true", help="bootstrap the critic's target when the budget ends"
+)
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--mini-batches", type=int, default=16)
 p.add_argument("--actor-lr", type=float, default=1e-3)
@@ -97,6 +106,17 @@ def lambda_returns(batch: dict[str, torch.Tensor], next_values: torch.Tensor, la
     return returns[where]
 
 
+def critic_vs_exact(q: torch.Tensor, exact: torch.Tensor, probs: torch.Tensor) -> str:
+    """How well the critic's Q (N, 4) ranks the actions of the batch's turns against the exact Q of the
+    policy `probs` (N, 4): its greedy action agrees, correlation of the advantages Q - sum_a pi Q, and
+    the regret max_a Q* - Q*(s, argmax_a Q) in reward units (Q* the exact Q)."""
+    agree = (q.argmax(-1) == exact.argmax(-1)).float().mean()
+    advantages = [(x - (probs * x).sum(-1, keepdim=True)).flatten() for x in (q, exact)]
+    corr = torch.corrcoef(torch.stack(advantages))[0, 1]
+    regret = (exact.amax(-1) - exact.gather(1, q.argmax(-1, keepdim=True)).squeeze(1)).mean()
+    return f"agree {agree:.2f} corr {corr:.2f} regret {regret:.3f}"
+
+
 def greedy(net: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     def policy_of(k: str) -> np.ndarray:
         with torch.no_grad():
@@ -106,21 +126,25 @@ def greedy(net: torch.nn.Module, inputs: dict[str, torch.Tensor]):
 
 
 def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.Tensor]:
-    """One batch of episodes: every acting turn's layout, cell, action, reward, next cell, has_next."""
+    """One batch of episodes: every acting turn's layout, cell, action, reward, next cell, has_next, and
+    the exact Q(s_t, .) of the policy that played it."""
     turns = []
     successes = 0
+    exact_q = {}
     for episode in range(args.episodes):
         key = train_keys[rng.integers(len(train_keys))]
         m = maps[key]
         cell = m["s0"] if rng.random() >= args.random_start else int(rng.choice(np.flatnonzero(m["acting"])))
         with torch.no_grad():
             probs = torch.softmax(actor.values(state_inputs[key]), -1).numpy().astype(float)
+        if key not in exact_q:
+            exact_q[key] = policy_q(m, probs, args.gamma)
         for t in range(H):
             explore = args.epsilon > 0 and rng.random() < args.epsilon  # no draw at 0: same stream as before
             action = rng.integers(4) if explore else rng.choice(4, p=probs[cell] / probs[cell].sum())
             nxt = int(rng.choice(16, p=m["T"][cell, action]))
             done = bool(m["goal"][nxt] or m["hole"][nxt])
-            going_on = not done and t < H - 1
+            going_on = not done and (args.bootstrap_timeout or t < H - 1)
             turns.append((key, cell, action, REWARD * m["goal"][nxt], nxt, going_on, episode, t))
             successes += int(m["goal"][nxt])
             cell = nxt
@@ -138,6 +162,7 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
         episode=torch.tensor(episodes),
         time=torch.tensor(times),
         success_rate=torch.tensor(successes / args.episodes),
+        exact_q=torch.tensor(np.stack([exact_q[k][c] for k, c in zip(keys, cells, strict=True)])).float(),
     )
 
 
@@ -163,6 +188,10 @@ for critic_steps in args.critic_steps:
         + (f", {args.critic_net} critic net" if args.critic_net != "mlp" else "")
         + (f", lambda-returns {args.lam}" if args.lam > 0 else "")
         + (", actor lr decay" if args.decay else "")
+        + (f", gamma {args.gamma:g}" if args.gamma != 0.98 else "")
+        + (f", critic lr {args.critic_lr:g}" if args.critic_lr != 3e-3 else "")
+        + (", bootstrap at the budget's end" if args.bootstrap_timeout else "")
+        + (", actor fit to the exact Q (oracle)" if args.oracle else "")
     )
     line = [f"{setting}, {len(train_keys)} maps:"]
     if args.train_maps:
@@ -201,7 +230,8 @@ for critic_steps in args.critic_steps:
             loss.backward()
             critic_optim.step()
         with torch.no_grad():
-            targets = mpo_targets(critic.values(batch["critic_states"]), old_probs, args.eta, args.mix)
+            q = critic.values(batch["critic_states"])
+            targets = mpo_targets(batch["exact_q"] if args.oracle else q, old_probs, args.eta, args.mix)
         for _ in range(args.epochs):
             for rows in torch.randperm(len(targets)).tensor_split(args.mini_batches):
                 logp = torch.log_softmax(actor.values(batch["states"][rows]), -1)
@@ -221,8 +251,9 @@ for critic_steps in args.critic_steps:
                 if args.train_maps
                 else ""
             )
+            ranking = critic_vs_exact(q, batch["exact_q"], old_probs)
             line.append(
                 f"it {iteration}: sampled {batch['success_rate']:.2f}, greedy actor {held_out[0]:.3f}, "
-                f"critic {held_out[1]:.3f}{on_training_maps};"
+                f"critic {held_out[1]:.3f}{on_training_maps} [{ranking}];"
             )
     print(" ".join(line), f"({time.time() - t0:.0f}s)", flush=True)

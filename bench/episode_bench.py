@@ -18,9 +18,9 @@ import time
 import torch
 
 from envs_visual.render import TileRenderer
+from vagen.config import EnvConfig, RolloutConfig
 from vagen.models.loading import load_policy
 from vagen.rollout.assembly import user_message
-from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.engines.base import Generation
 from vagen.rollout.engines.hf import HFEngine
 from vagen.rollout.manager import RolloutManager
@@ -96,7 +96,7 @@ def main() -> None:
     runs += [(f"{name}, scripted valid replies (no model)", env, scripted) for name, env in ENVS.items()]
     for name, (env_id, kwargs), run_engine in runs:
         env_cfg = EnvConfig(env_id=env_id, env_kwargs=kwargs, prompt_format="free_think")
-        cfg = RolloutConfig(num_groups=16, group_size=4, max_turns=5, max_new_tokens=48, seed=0)
+        cfg = RolloutConfig(num_groups=16, group_size=4, max_turns=5, max_new_tokens=48)
         manager = RolloutManager(env_cfg, cfg, run_engine, processor)
         manager.train_batch()  # warm-up (first generate call, env construction)
         RENDER_SECONDS[0], RENDER_CALLS[0] = 0.0, 0

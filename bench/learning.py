@@ -5,12 +5,13 @@ the same seeds and budgets for every algorithm) as a subprocess, validates every
 `--val-levels` held-out levels (success with a 95% Wilson CI), and stops the run politely (SIGINT, then
 SIGTERM after a grace period) once `--minutes` of RL have passed -- the clock starts when the run logs
 its step-0 validation, so model loading and the cached warm start do not count. Before the runs of a
-task it builds the solver warm start (`python -m vagen.sft --teacher solver`, cached), the
-imitation reference. Then it writes under bench/results/:
+task it builds the solver warm start (`python -m vagen.pretrain.sft --teacher solver`, cached), the
+imitation reference. Run folders go to --runs-root (runs/bench_learning, outside the tree); then it
+writes under bench/results/:
 
 - learning.md: task, algorithm, seed, success before and after RL (95% CI), steps, wall minutes, the
   format- and solver-warm-start success and, where the env has one, the value-iteration optimum (all
-  three read from the warm starts' sft_report.json, measured on the same number of validation levels);
+  three read from the warm starts' reports, measured on the same number of validation levels);
 - learning_<task>.png: success vs wall minutes and vs steps, one line per algorithm/seed.
 
     .venv/bin/python bench/learning.py --dry-run                      # print the commands only
@@ -30,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import matplotlib
@@ -44,7 +45,8 @@ sys.path.insert(0, str(REPO))
 
 from vagen.algo import ADVANTAGE_ESTIMATORS  # noqa: E402
 from vagen.metrics import read_metrics  # noqa: E402
-from vagen.sft import REPORT_FILE  # noqa: E402
+from vagen.pretrain.supervised import REPORT_FILE  # noqa: E402
+from vagen.updates import POLICY_UPDATES  # noqa: E402
 
 TASK_RECIPES = {
     "frozenlake": "configs/frozenlake_tiny.yaml",
@@ -54,10 +56,8 @@ TASK_RECIPES = {
 # minutes of RL per run asked by the issue, by the recipe's env (Sokoban gets twice the FrozenLake budget)
 ENV_MINUTES = {"envs_visual/Sokoban-v0": 60.0, "envs_visual/FrozenLake-v0": 30.0}
 ALGORITHMS = ("gae", "grpo", "bilevel_gae", "bilevel_gae+starpo_s", "gigpo", "mpo")
-# mpo is a policy update, not an advantage estimator: a privileged Q(s, a) critic and an all-action target
-MPO = ["algo.policy_loss=mpo", "algo.critic=state"]
 STARPO_S = ["algo.filter.rule=top_std_fraction", "algo.filter.keep=0.5"]  # keep 4 of the recipes' 8 groups
-REFERENCE_WARM_STARTS = ("format", "solver")  # keys of vagen.sft.WARM_START_TEACHERS
+REFERENCE_WARM_STARTS = ("format", "solver")  # warm_start.teacher names
 BENCH_FILE = "bench.json"
 GRACE_SECONDS = 120.0
 POLL_SECONDS = 5.0
@@ -68,16 +68,19 @@ POLL_SECONDS = 5.0
 
 
 def algorithm_overrides(algo: str) -> list[str]:
-    """`gae`, `grpo`, ... -> PPO's update with algo.adv=... (critic-based ones with a value head on the
-    policy's backbone); `mpo` -> the mpo update; a "+starpo_s" suffix adds the StarPO-S group filter."""
+    """`gae`, `grpo`, ... (advantage estimators) -> PPO's update with algo.adv=... (critic-based ones with a
+    value head on the policy's backbone); another policy update's name (`mpo`) -> that update with its
+    privileged state critic; a "+starpo_s" suffix adds the StarPO-S group filter."""
     base, _, extra = algo.partition("+")
-    if base != "mpo" and base not in ADVANTAGE_ESTIMATORS:
-        raise SystemExit(
-            f"unknown algorithm '{base}' in '{algo}': not mpo nor one of {sorted(ADVANTAGE_ESTIMATORS)}"
-        )
+    if base in ADVANTAGE_ESTIMATORS:
+        update = ["algo.policy_loss=ppo", f"algo.adv={base}", "algo.critic=model"]
+    elif base in POLICY_UPDATES:
+        update = [f"algo.policy_loss={base}", "algo.critic=state"]
+    else:
+        known = sorted({*ADVANTAGE_ESTIMATORS, *POLICY_UPDATES} - {"ppo"})
+        raise SystemExit(f"unknown algorithm '{base}' in '{algo}': not one of {known}")
     if extra not in ("", "starpo_s"):
         raise SystemExit(f"unknown algorithm modifier '+{extra}' in '{algo}' (only +starpo_s)")
-    update = MPO if base == "mpo" else ["algo.policy_loss=ppo", f"algo.adv={base}", "algo.critic=model"]
     return update + (STARPO_S if extra else [])
 
 
@@ -115,10 +118,11 @@ class Run:
         return [sys.executable, "vagen/train.py", "--config", self.recipe, *self.overrides]
 
     def solver_command(self) -> list[str]:
-        """vagen.sft with the solver teacher, on the run's env, levels and start model (perception too)."""
-        prefixes = ("rollout.", "env.", "sft.", "model.", "perception.")
+        """The solver warm start, on the run's env, levels and start model (perception too)."""
+        prefixes = ("rollout.", "env.", "warm_start.", "model.", "perception.")
         shared = [o for o in self.overrides if o.startswith(prefixes)]
-        return [sys.executable, "-m", "vagen.sft", "--config", self.recipe, "--teacher", "solver", *shared]
+        command = ["-m", "vagen.pretrain.sft", "--config", self.recipe, "--teacher", "solver", *shared]
+        return [sys.executable, *command]
 
 
 def plan_runs(args: argparse.Namespace) -> list[Run]:
@@ -131,13 +135,12 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
                 run_dir = Path(args.runs_root) / f"{name}-{algo.replace('+', '-')}-s{seed}"
                 overrides = [
                     *algorithm_overrides(algo),
-                    "model.warm_start=format",  # every algorithm starts from the format warm start
+                    "warm_start.teacher=format",  # every algorithm starts from the format warm start
                     f"trainer.seed={seed}",
-                    f"rollout.seed={seed}",
                     f"trainer.steps={args.steps}",
                     f"trainer.val_every={args.val_every}",
                     f"trainer.val_groups={args.val_levels}",
-                    f"sft.eval_levels={args.val_levels}",  # warm-start references on as many levels
+                    f"warm_start.eval_levels={args.val_levels}",  # warm-start references on as many levels
                     "trainer.save_every=0",
                     "trainer.viz_every=0",
                     f"trainer.run_dir={run_dir}",
@@ -158,22 +161,16 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
 
 
 def warm_start_folders(run: Run) -> dict[str, str]:
-    """Where the run's format and solver warm starts are cached (vagen.sft's hash of their inputs), on
-    the run's start model (its perception-pretrained copy, built by then, when perception is on)."""
+    """Where the run's format and solver warm starts are cached (a hash of their inputs), on the run's
+    start model (its perception-pretrained copy, built by then, when perception is on)."""
     from vagen.config import load_config
-    from vagen.sft import WARM_START_TEACHERS, SFTConfig, start_model, warm_start_dir
+    from vagen.pretrain import start_model
+    from vagen.pretrain.sft import warm_start_dir
 
     cfg = load_config(REPO / run.recipe, run.overrides)
     base = start_model(cfg, log=lambda _: None)
     return {
-        kind: str(
-            warm_start_dir(
-                base,
-                cfg.env,
-                cfg.rollout,
-                SFTConfig(**{**asdict(cfg.sft), "teacher": WARM_START_TEACHERS[kind]}),
-            )
-        )
+        kind: str(warm_start_dir(base, cfg.env, cfg.rollout, replace(cfg.warm_start, teacher=kind)))
         for kind in REFERENCE_WARM_STARTS
     }
 
@@ -231,13 +228,13 @@ def run_training(run: Run) -> str:
 
 
 def execute(runs: list[Run], with_solver: bool, dry_run: bool) -> None:
-    solver_done: set[str] = set()  # one solver warm start per task: its levels follow sft.seed, not the run's
+    solver_done: set[str] = set()  # one solver warm start per task: its levels follow warm_start.seed
     for run in runs:
         if with_solver and run.task not in solver_done:
             solver_done.add(run.task)
             print("$ " + shlex.join(run.solver_command()), flush=True)
             if not dry_run:
-                log_file = REPO / Path(run.run_dir).parent / f"sft-solver-{run.task}.log"
+                log_file = REPO / Path(run.run_dir).parent / f"warm-start-solver-{run.task}.log"
                 log_file.parent.mkdir(parents=True, exist_ok=True)
                 with log_file.open("w") as log:
                     solver = subprocess.run(
@@ -441,8 +438,8 @@ def summarize(run_dirs: list[Path], results: Path) -> None:
     (results / "learning.md").write_text(
         "# Learning benchmark (bench/learning.py)\n\nValidation success on held-out levels; after = the "
         "last validation (@ its step); threads = torch threads per rank ('-': not logged, runs before "
-        "2026-12-04). References: the warm starts' own evaluation (vagen.sft) and the value-iteration "
-        "optimum where the env has one.\n\n" + table
+        "2026-12-04). References: the warm starts' own evaluation (vagen.pretrain.sft) and the "
+        "value-iteration optimum where the env has one.\n\n" + table
     )
     print(table)
     for task in sorted({c.task for c in curves}):

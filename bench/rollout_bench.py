@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from vagen.models.loading import load_policy  # noqa: E402
-from vagen.rollout.engines.base import Prompt, SamplingParams, make_engine  # noqa: E402
+from vagen.rollout.engines import Prompt, SamplingParams, make_engine  # noqa: E402
 
 REPLY = "<think>The goal is down-right of the player.</think><answer>Down, Right</answer>"
 

@@ -19,9 +19,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from vagen.config import derived_sizes, load_config  # noqa: E402
+from vagen.batching import derived_sizes, micro_batches  # noqa: E402
+from vagen.config import load_config  # noqa: E402
+from vagen.distributed import init_distributed  # noqa: E402
 from vagen.metrics import read_metrics  # noqa: E402
-from vagen.trainer import build_models, init_distributed, micro_batches, train  # noqa: E402
+from vagen.models.build import build_models  # noqa: E402
+from vagen.trainer import train  # noqa: E402
+from vagen.updates import POLICY_UPDATES  # noqa: E402
 
 
 def pad_share(lengths: torch.Tensor, plans: list[list[torch.Tensor]]) -> float:
@@ -54,7 +58,7 @@ def main() -> None:
 
         _, world = init_distributed()
         sizes = derived_sizes(cfg, world)
-        models = build_models(cfg, sizes)
+        models = build_models(cfg, sizes, POLICY_UPDATES[cfg.algo.policy_loss])
         manager = RolloutManager(cfg.env, cfg.rollout, models.generation, models.processor)
         batch = manager.collect(manager.seeds.next_train(cfg.rollout.num_groups, cfg.rollout.group_size))
     lengths = batch.attention_mask.sum(dim=1)

@@ -18,8 +18,8 @@ import time
 
 LEVELS = 512
 OVERRIDES = [
-    "model.path=bench/results/mpo/perception_models/sokoban_mpo_tiny",
-    "model.warm_start=none",
+    "model.path=assets/perception/sokoban_mpo_tiny",
+    "warm_start.teacher=none",
     "perception.enabled=false",
 ]
 

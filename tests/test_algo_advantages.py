@@ -383,7 +383,7 @@ def test_every_registered_estimator_masks_its_output(name):
 
 
 def test_registry_uses_the_params():
-    params = AdvantageParams(gamma_turn=0.5, lam_turn=0.5, gamma_token=0.9, lam_token=0.8)
+    params = AdvantageParams(gamma=0.5, lam=0.5, gamma_token=0.9, lam_token=0.8)
     advantages, returns = ADVANTAGE_ESTIMATORS["bilevel_gae"].compute(_registry_inputs(), params)
     assert_close(advantages, BILEVEL_ADVANTAGES)
     grpo_advantages, _ = ADVANTAGE_ESTIMATORS["grpo"].compute(_registry_inputs(), AdvantageParams())

@@ -16,17 +16,16 @@ GROUP_IDS = torch.tensor([10, 10, 10, 3, 3, 7, 7, 7, 1, 1, 4, 4])
 
 
 @pytest.mark.parametrize(
-    ("keep_fraction", "drop_zero_variance", "expected_rows"),
+    ("keep_fraction", "expected_rows"),
     [
-        (0.01, False, [10, 11]),  # floor(0.05) -> at least one group
-        (0.4, False, [3, 4, 10, 11]),  # 2 groups
-        (0.8, False, [3, 4, 5, 6, 7, 8, 9, 10, 11]),  # 4 groups: the tie keeps group 1, not 10
-        (0.8, True, [3, 4, 5, 6, 7, 10, 11]),
-        (1.0, False, list(range(12))),
+        (0.01, [10, 11]),  # floor(0.05) -> at least one group
+        (0.4, [3, 4, 10, 11]),  # 2 groups
+        (0.8, [3, 4, 5, 6, 7, 8, 9, 10, 11]),  # 4 groups: the tie keeps group 1, not 10
+        (1.0, list(range(12))),
     ],
 )
-def test_keep_top_std_groups(keep_fraction, drop_zero_variance, expected_rows):
-    kept = keep_top_std_groups(RETURNS, GROUP_IDS, keep_fraction, drop_zero_variance)
+def test_keep_top_std_groups(keep_fraction, expected_rows):
+    kept = keep_top_std_groups(RETURNS, GROUP_IDS, keep_fraction)
     assert kept.dtype == torch.long
     assert kept.tolist() == expected_rows
 
@@ -47,14 +46,12 @@ def test_keep_top_variance_share(top_p, expected_rows):
 def test_filters_when_no_group_varies():
     returns, ids = torch.ones(4), torch.tensor([0, 0, 1, 1])
     assert keep_top_variance_share(returns, ids, 0.5).tolist() == [0, 1, 2, 3]
-    assert keep_top_variance_share(returns, ids, 0.5, drop_zero_variance=True).tolist() == []
-    assert keep_top_std_groups(returns, ids, 0.5, drop_zero_variance=True).tolist() == []
     assert keep_top_std_groups(torch.tensor([3.0]), torch.tensor([0]), 0.5).tolist() == [0]  # group of one
 
 
 def test_filters_are_found_by_name_and_check_their_argument():
-    assert GROUP_FILTERS["top_std_fraction"](RETURNS, GROUP_IDS, 0.4, False).tolist() == [3, 4, 10, 11]
-    assert GROUP_FILTERS["top_p_variance"](RETURNS, GROUP_IDS, 0.7, False).tolist() == [10, 11]
+    assert GROUP_FILTERS["top_std_fraction"](RETURNS, GROUP_IDS, 0.4).tolist() == [3, 4, 10, 11]
+    assert GROUP_FILTERS["top_p_variance"](RETURNS, GROUP_IDS, 0.7).tolist() == [10, 11]
     with pytest.raises(ValueError, match="keep_fraction"):
         keep_top_std_groups(RETURNS, GROUP_IDS, 0.0)
     with pytest.raises(ValueError, match="top_p"):

@@ -7,7 +7,7 @@ import torch
 
 from vagen.algo.losses import (
     KL_ESTIMATORS,
-    POLICY_LOSSES,
+    LOSS_AGGREGATIONS,
     entropy_from_logits,
     kl,
     ppo_policy_loss,
@@ -108,7 +108,13 @@ def test_ppo_policy_loss_edge_cases():
         ppo_policy_loss(logp, logp, logp, torch.ones(1, 3, dtype=torch.bool), agg="sum")
     with pytest.raises(ValueError, match="dual_clip"):
         ppo_policy_loss(logp, logp, logp, torch.ones(1, 3, dtype=torch.bool), dual_clip=0.5)
-    assert POLICY_LOSSES["ppo"] is ppo_policy_loss
+
+
+def test_aggregation_units_count_tokens_or_rows():
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    assert LOSS_AGGREGATIONS["token-mean"].units(mask).tolist() == [2, 0, 3]
+    assert LOSS_AGGREGATIONS["seq-mean-token-sum"].units(mask).tolist() == [1, 0, 1]
+    assert LOSS_AGGREGATIONS["seq-mean-token-mean"].units(mask).tolist() == [1, 0, 1]
 
 
 def test_value_loss_hand_computed():

@@ -82,21 +82,11 @@ def test_action_target_loss_weighs_the_pull_of_mass_onto_the_action_tokens():
     assert_close(logits.grad, [[0.5 - 1.0, 0.5, 0.0]])  # pi - q over the two actions, 0 on the third
 
 
-def test_action_target_loss_mass_floor_pulls_only_rows_below_it():
-    # row 0: two action tokens at 0.25 each (mass 0.5); row 1: 0.45 each (mass 0.9). With floor 0.8 only
-    # row 0 pays, log 0.8 - log 0.5; both pay the cross-entropy over the actions, log 2 (uniform targets
-    # against a uniform pi: gradient 0 on the two action logits of either row)
-    logits = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.45, 0.45, 0.1]])).requires_grad_(True)
+def test_action_target_loss_mass_term_on_every_row():
+    # row 0: two action tokens at 0.25 each (mass 0.5); row 1: 0.45 each (mass 0.9); uniform targets
+    # against a uniform pi: the cross-entropy over the actions is log 2 on each row
+    logits = torch.log(torch.tensor([[0.25, 0.25, 0.5], [0.45, 0.45, 0.1]]))
     candidate_logp = torch.log_softmax(logits, dim=-1)[:, :2]
     targets = torch.full((2, 2), 0.5)
-    loss = action_target_loss(candidate_logp, targets, mass_coef=1.0, mass_floor=0.8)
-    assert_close(loss, (2 * math.log(2) + math.log(0.8 / 0.5)) / 2)
-    loss.backward()
-    # d(-log m)/d logit_j = p_j - [j is an action] p_j / m: row 0 (0.25 - 0.5, 0.25 - 0.5, 0.5) / 2 rows;
-    # row 1 nothing
-    assert_close(logits.grad, [[-0.125, -0.125, 0.25], [0.0, 0.0, 0.0]])
-    # floor 1 is the unhinged term -mass_coef * log m on every row
-    full = action_target_loss(candidate_logp.detach(), targets, mass_coef=0.5, mass_floor=1.0)
-    assert_close(full, math.log(2) - 0.5 * (math.log(0.5) + math.log(0.9)) / 2)
-    with pytest.raises(ValueError, match="mass_floor"):
-        action_target_loss(candidate_logp.detach(), targets, mass_floor=0.0)
+    loss = action_target_loss(candidate_logp, targets, mass_coef=0.5)
+    assert_close(loss, math.log(2) - 0.5 * (math.log(0.5) + math.log(0.9)) / 2)

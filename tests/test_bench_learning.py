@@ -35,7 +35,7 @@ def test_summary_table_and_plots_from_run_folders(tmp_path):
     warm = tmp_path / "warm"
     warm.mkdir()
     report = {"after": {"success": 0.02, "success_ci": [0.01, 0.04]}, "teacher_success": {"optimal": 0.7}}
-    (warm / "sft_report.json").write_text(json.dumps(report))
+    (warm / learning.REPORT_FILE).write_text(json.dumps(report))
     fake_run(tmp_path / "runs", "a", "grpo", 0, [0.0, 0.2, 0.4], warm)
     fake_run(tmp_path / "runs", "b", "grpo", 1, [0.0, 0.3, 0.6], warm, threads=2)
     fake_run(tmp_path / "runs", "c", "gae", 0, [0.0, 0.1], warm)
@@ -74,9 +74,8 @@ def test_solver_reference_shares_the_runs_env_levels_and_start_model():
     # the start model (perception), the env and the levels match the run's: the reference's cache folder
     # is the one warm_start_folders reads back; trainer and algorithm settings stay out
     assert command[command.index("--teacher") + 2 :] == [
-        "model.warm_start=format",
-        "rollout.seed=1",
-        "sft.eval_levels=512",
+        "warm_start.teacher=format",
+        "warm_start.eval_levels=512",
         "perception.enabled=false",
         "env.env_kwargs.max_steps=12",
     ]

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from vagen import checkpoint
-from vagen.config import derived_sizes, load_config
-from vagen.trainer import init_distributed, make_deepspeed_engine
+from vagen.batching import derived_sizes
+from vagen.config import load_config
+from vagen.distributed import init_distributed
+from vagen.optim import make_deepspeed_engine
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
+from vagen.config import RolloutConfig
 from vagen.models.loading import load_policy
 from vagen.models.scoring import token_logprobs
 from vagen.models.vision import encode_images
-from vagen.rollout.config import RolloutConfig
-from vagen.rollout.engines.base import Prompt, SamplingParams, make_engine
+from vagen.rollout.engines import Prompt, SamplingParams, make_engine
 from vagen.rollout.engines.vllm import collapse_runs
 
 END_OF_TURN = 2  # <|im_end|> in the tiny tokenizer
@@ -50,7 +50,7 @@ LONGEST_EPISODE = RolloutConfig(engine="vllm", max_turns=12, max_context_tokens=
 def vllm_engine(vlm):
     pytest.importorskip("vllm")
     model, processor = vlm
-    return make_engine("vllm", model, processor, max_num_seqs=16, **LONGEST_EPISODE.engine_options())
+    return make_engine("vllm", model, processor, LONGEST_EPISODE, max_num_seqs=16)
 
 
 def hf_logprobs(model, processor, prompt, generated_ids, temperature=1.0):
@@ -101,9 +101,8 @@ def test_vllm_takes_one_image_per_turn_of_the_longest_episode(vlm, vllm_engine):
     """vLLM fixes its per-prompt image limit at start-up; the rollout config sizes it (a 10-turn
     FrozenLake episode once failed on vLLM's default of 8)."""
     model, processor = vlm
-    assert LONGEST_EPISODE.engine_options()["max_images_per_prompt"] == 12
+    assert LONGEST_EPISODE.max_images_per_prompt == 12
     assert RolloutConfig(engine="vllm", max_turns=12, window=3).max_images_per_prompt == 5
-    assert RolloutConfig(engine="hf", max_turns=12).engine_options() == {}
     prompt = multi_turn_prompt(processor, 12, np.random.default_rng(1))
     [generation] = vllm_engine.generate([prompt], SamplingParams(temperature=1.0, max_new_tokens=6, seed=2))
     expected = hf_logprobs(model, processor, prompt, generation.token_ids)

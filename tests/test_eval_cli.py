@@ -24,7 +24,12 @@ def _one_thread(one_torch_thread):
 
 def test_eval_base_model_and_checkpoint_agree_on_the_same_weights(tmp_path):
     config = "configs/frozenlake_tiny.yaml"
-    tiny = ["model.warm_start=none", "rollout.engine=hf", "rollout.max_turns=2", "rollout.max_new_tokens=12"]
+    tiny = [
+        "warm_start.teacher=none",
+        "rollout.engine=hf",
+        "rollout.max_turns=2",
+        "rollout.max_new_tokens=12",
+    ]
     base = main(
         ["--config", config, "--episodes", "4", "--gifs", "2", "--out", str(tmp_path / "base"), *tiny]
     )
@@ -66,6 +71,6 @@ def test_eval_cli_errors_are_one_line():
                 str(REPO / "configs"),
                 "--episodes",
                 "2",
-                "model.warm_start=none",
+                "warm_start.teacher=none",
             ]
         )

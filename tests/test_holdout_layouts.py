@@ -4,7 +4,7 @@ training and both sides keep the generator's distribution of maps."""
 import numpy as np
 import pytest
 
-from vagen.rollout.config import EnvConfig, RolloutConfig
+from vagen.config import EnvConfig
 from vagen.rollout.manager import layout_probe
 from vagen.rollout.seeds import SeedSchedule, is_held_out
 
@@ -58,5 +58,21 @@ def test_without_layouts_seeds_are_the_plain_ranges():
 def test_share_outside_the_open_interval_is_refused():
     with pytest.raises(ValueError, match="val_layout_share must lie in"):
         schedule(share=1.0)
-    with pytest.raises(ValueError, match="rollout.val_layout_share must lie in"):
-        RolloutConfig(val_layout_share=0.0)
+
+
+def test_an_env_without_layout_keys_splits_levels_by_seed_range(monkeypatch):
+    from envs_visual.frozenlake.env import VisualFrozenLakeEnv
+    from vagen.rollout.manager import seed_schedule
+    from vagen.rollout.seeds import TRAIN_SEED_START, VAL_SEED_START
+
+    original = VisualFrozenLakeEnv.__init__
+
+    def without_layout_key(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        del self.layout_key
+
+    monkeypatch.setattr(VisualFrozenLakeEnv, "__init__", without_layout_key)
+    seeds = seed_schedule(FROZEN_LAKE, seed=0)
+    assert seeds.layout_of is None
+    assert [s.level for s in seeds.next_train(2, 1)] == [TRAIN_SEED_START, TRAIN_SEED_START + 1]
+    assert [s.level for s in seeds.validation(2, 1)] == [VAL_SEED_START, VAL_SEED_START + 1]

@@ -1,4 +1,4 @@
-"""Perception pretraining (vagen.perception): states, caption rows, accuracy, and that training reads."""
+"""Perception pretraining (vagen.pretrain.perception): states, caption rows, accuracy, training reads."""
 
 import json
 from pathlib import Path
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from vagen.config import EnvConfig, PerceptionConfig, RolloutConfig, SupervisedOptim
 from vagen.models.loading import load_policy
-from vagen.perception import PerceptionConfig, caption_batch, grid_accuracy, pretrain_perception, walk_states
+from vagen.pretrain.perception import caption_batch, grid_accuracy, pretrain_perception, walk_states
+from vagen.pretrain.supervised import REPORT_FILE, train_supervised
 from vagen.rollout.assembly import ChatCodec
-from vagen.rollout.config import EnvConfig, RolloutConfig
-from vagen.sft import SFTConfig, train_sft
 
 ENV = EnvConfig(env_id="envs_visual/FrozenLake-v0", env_kwargs={"size": 4, "tile_style": "flat"})
 
@@ -39,14 +39,14 @@ def test_caption_rows_train_only_the_grid_and_training_reads_it(tiny_vlm_path):
         reply = codec.decode(data.input_ids[row][data.loss_mask[row]].tolist())
         assert reply.startswith(grid) and reply.count("<|image_pad|>") == 0
     before = grid_accuracy(model, data)
-    cfg = SFTConfig(steps=60, batch_size=8, micro_batch_size=8, lr=3e-3, warmup_steps=5)
-    train_sft(model, data, cfg, log=lambda _: None)
+    optim = SupervisedOptim(steps=60, batch_size=8, lr=3e-3, warmup_steps=5)
+    train_supervised(model, data, optim, seed=0, log=lambda _: None)
     after = grid_accuracy(model, data)
     assert before["token_accuracy"] < 0.2 and after["token_accuracy"] > 0.8  # spaces, rows, letters
 
 
 def test_pretrain_perception_writes_a_loadable_model(tiny_vlm_path, tmp_path):
-    cfg = PerceptionConfig(samples=4, steps=1, batch_size=4, eval_samples=2)
+    cfg = PerceptionConfig(samples=4, eval_samples=2, optim=SupervisedOptim(steps=1, batch_size=4))
     text_only = EnvConfig(env_id=ENV.env_id, env_kwargs=ENV.env_kwargs, text_only=True)
     with pytest.raises(ValueError, match="text_only"):
         pretrain_perception(str(tiny_vlm_path), text_only, RolloutConfig(), cfg, str(tmp_path / "no"))
@@ -58,12 +58,12 @@ def test_pretrain_perception_writes_a_loadable_model(tiny_vlm_path, tmp_path):
     assert np.isfinite(sum(p.sum().item() for p in model.parameters()))
 
 
-def test_perception_cache_key_follows_images_and_levels_not_rewards(tiny_vlm_path, tmp_path):
+def test_perception_cache_key_follows_images_and_levels_not_rewards(tiny_vlm_path):
     import dataclasses
 
-    from vagen.perception import perception_dir
+    from vagen.pretrain.perception import perception_dir
 
-    cfg = PerceptionConfig(cache_dir=str(tmp_path))
+    cfg = PerceptionConfig()
     rollout = RolloutConfig()
     key = perception_dir(str(tiny_vlm_path), ENV, rollout, cfg)
     same = [
@@ -76,32 +76,36 @@ def test_perception_cache_key_follows_images_and_levels_not_rewards(tiny_vlm_pat
     sprites = dataclasses.replace(ENV, env_kwargs={"size": 4})
     changed = [
         perception_dir(str(tiny_vlm_path), sprites, rollout, cfg),
-        perception_dir(str(tiny_vlm_path), ENV, RolloutConfig(val_layout_share=0.3), cfg),
-        perception_dir(str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, steps=10)),
+        perception_dir(
+            str(tiny_vlm_path), ENV, RolloutConfig(chat_template="assets/tiny/chat_template.jinja"), cfg
+        ),
+        perception_dir(
+            str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, optim=SupervisedOptim(steps=10))
+        ),
+        perception_dir(str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, seed=1)),
     ]
-    assert len({key, *changed}) == 4
+    assert len({key, *changed}) == 5
 
 
-def test_warm_start_builds_on_the_perception_model_when_enabled(tiny_vlm_path, tmp_path):
+def test_warm_start_builds_on_the_perception_model_when_enabled(tiny_vlm_path, tmp_path, monkeypatch):
     from vagen.config import load_config
-    from vagen.sft import start_model, warm_start_model
+    from vagen.pretrain import start_model, warm_start_model
 
+    monkeypatch.setenv("VAGEN_CACHE", str(tmp_path))
     overrides = [
         f"model.path={tiny_vlm_path}",
-        "model.warm_start=format",
+        "warm_start.teacher=format",
         "env.env_kwargs.tile_style=flat",
         "rollout.max_turns=1",
         "rollout.max_new_tokens=4",
         "perception.samples=4",
-        "perception.steps=1",
-        "perception.batch_size=4",
+        "perception.optim.steps=1",
+        "perception.optim.batch_size=4",
         "perception.eval_samples=2",
-        f"perception.cache_dir={tmp_path / 'perception'}",
-        "sft.episodes=2",
-        "sft.steps=1",
-        "sft.batch_size=2",
-        "sft.eval_levels=1",
-        f"sft.cache_dir={tmp_path / 'sft'}",
+        "warm_start.episodes=2",
+        "warm_start.optim.steps=1",
+        "warm_start.optim.batch_size=2",
+        "warm_start.eval_levels=1",
     ]
     cfg = load_config("configs/frozenlake_tiny.yaml", overrides)
     assert start_model(cfg) == str(tiny_vlm_path)  # perception off: the base itself
@@ -112,5 +116,5 @@ def test_warm_start_builds_on_the_perception_model_when_enabled(tiny_vlm_path, t
     assert messages[0].startswith("perception pretraining")
     warm = warm_start_model(cfg, log=messages.append)
     assert any(m == f"perception pretraining cached: {seeing}" for m in messages)  # built once, then reused
-    report = json.loads((Path(warm) / "sft_report.json").read_text())
+    report = json.loads((Path(warm) / REPORT_FILE).read_text())
     assert report["base_model"] == seeing

@@ -3,7 +3,7 @@
 import pytest
 
 from envs_visual.facts import facts_to_sentence
-from vagen.rollout.config import EnvConfig
+from vagen.config import EnvConfig
 from vagen.rollout.reasoning import extract_facts, fact_f1, score_reasoning
 
 TRUTH = [("box", "above"), ("box", "left"), ("target", "same row"), ("target", "right")]
@@ -39,9 +39,7 @@ def test_score_reasoning_weights_and_anti_template_penalty():
         prompt_format="grounding_worldmodeling",
         grounding_reward_weight=0.5,
         worldmodel_reward_weight=2.0,
-        template_penalty=0.1,
-        template_score_threshold=0.5,
-    )
+    )  # a repeated description scoring below 0.5 costs 0.1 (TEMPLATE_PENALTY, TEMPLATE_SCORE_THRESHOLD)
     after = [("box", "above"), ("box", "same column")]
     texts = {"observation": facts_to_sentence(TRUTH), "prediction": "The box is above the player."}
     seen: set[str] = set()

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from vagen.config import derived_sizes, load_config
+from vagen.batching import derived_sizes
+from vagen.config import load_config
 from vagen.models.loading import load_policy
 from vagen.models.tiny import resolve_model_path
-from vagen.perception import pretraining_settings
+from vagen.pretrain.perception import pretraining_settings
+from vagen.pretrain.sft import warm_start_dir
+from vagen.pretrain.supervised import REPORT_FILE
 from vagen.rollout.manager import make_language_env
-from vagen.sft import WARM_START_TEACHERS, SFTConfig, warm_start_dir
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
@@ -65,10 +67,11 @@ def test_tiny_recipes_resolve_their_model_and_warm_start(path, tiny_vlm_path, ti
     cfg = load_config(path)
     model_dir = resolve_model_path(cfg.model.path)
     assert model_dir == (tiny_text_path if cfg.env.text_only else tiny_vlm_path)
-    if cfg.model.warm_start != "none":
-        teacher = WARM_START_TEACHERS[cfg.model.warm_start]
-        sft = SFTConfig(**{**asdict(cfg.sft), "teacher": teacher})
-        assert warm_start_dir(cfg.model.path, cfg.env, cfg.rollout, sft).name.startswith(f"{teacher}-")
+    teacher = cfg.warm_start.teacher
+    if teacher != "none":
+        assert warm_start_dir(cfg.model.path, cfg.env, cfg.rollout, cfg.warm_start).name.startswith(
+            f"{teacher}-"
+        )
 
 
 @pytest.mark.parametrize(
@@ -82,7 +85,7 @@ def test_tiny_recipes_resolve_their_model_and_warm_start(path, tiny_vlm_path, ti
     ],
 )
 def test_tiny_rl_recipes_start_from_the_format_warm_start(name):
-    assert recipe(name).model.warm_start == "format"
+    assert recipe(name).warm_start.teacher == "format"
 
 
 @pytest.mark.parametrize(("text", "visual"), TEXT_TWINS.items())
@@ -94,8 +97,8 @@ def test_text_baselines_share_env_and_budgets_with_their_visual_recipe(text, vis
 
 
 def test_anchored_text_recipe_keeps_the_measured_settings():
-    """The settings bench/results/learning_probe measured (0.51-0.69 after 30 minutes): change them and
-    the recipe's comment and the README no longer describe it."""
+    """The settings the probe rounds measured (0.51-0.69 after 30 minutes, docs/results.md): change them and
+    the recipe's header and docs/results.md no longer describe it."""
     cfg, twin = recipe("frozenlake_text_grpo_tiny"), recipe("frozenlake_text_tiny")
     a, r = cfg.algo, cfg.rollout
     assert cfg.env.env_kwargs == twin.env.env_kwargs and cfg.env.text_only
@@ -107,7 +110,7 @@ def test_anchored_text_recipe_keeps_the_measured_settings():
 
 
 def test_mpo_recipes_keep_the_measured_settings():
-    """frozenlake_text_mpo_tiny is the recipe README "Learning" quotes (0.000 -> 0.910 and 0.918 in 30
+    """frozenlake_text_mpo_tiny is the recipe docs/results.md quotes (0.000 -> 0.910 and 0.918 in 30
     minutes, two seeds); the visual mpo recipe shares its rollout, optimizer and update, reading state
     planes instead of text bytes, without the feedback line and with a weak pull of mass onto the action
     tokens (mpo_mass_coef 0.1), the setting that learned to see."""
@@ -197,7 +200,7 @@ def test_trico_recipe_is_bilevel_gae_with_the_critic_lr():
     cfg = recipe("sokoban_qwen2_5_vl_3b_trico")
     a = cfg.algo
     assert a.adv == "bilevel_gae"
-    assert (a.gamma_turn, a.gamma_token, a.lam_turn, a.lam_token) == (0.95, 1.0, 1.0, 1.0)
+    assert (a.gamma, a.gamma_token, a.lam, a.lam_token) == (0.95, 1.0, 1.0, 1.0)
     assert cfg.optim.critic_lr == 1e-5 and a.kl_in_reward
 
 
@@ -222,11 +225,11 @@ def test_ragen_recipe_is_starpo_s_without_kl():
 
 
 @pytest.mark.parametrize("name", ["sokoban_mpo_tiny", "frozenlake_slippery_mpo_tiny"])
-def test_committed_perception_models_match_their_recipe_and_load(name):
-    """bench/results/mpo/perception_models/<recipe> (README "MPO runs") was pretrained with the recipe's
-    perception settings and still loads; a change to those settings makes it stale and fails here."""
-    folder = REPO / "bench" / "results" / "mpo" / "perception_models" / name
-    report = json.loads((folder / "sft_report.json").read_text())
+def test_shipped_perception_models_match_their_recipe_and_load(name):
+    """assets/perception/<recipe> (its README) was pretrained with the recipe's perception settings and
+    still loads; a change to those settings makes it stale and fails here."""
+    folder = REPO / "assets" / "perception" / name
+    report = json.loads((folder / REPORT_FILE).read_text())
     settings = pretraining_settings(recipe(name).perception)
     assert {k: report["perception"][k] for k in settings} == settings
     assert report["after"]["token_accuracy"] > 0.99

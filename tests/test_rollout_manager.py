@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from envs_visual.sokoban import SokobanEnv
+from vagen.config import EnvConfig, RolloutConfig
 from vagen.models.loading import load_policy, load_processor, model_inputs
 from vagen.models.scoring import token_logprobs
-from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.engines.base import Generation
 from vagen.rollout.engines.hf import HFEngine
 from vagen.rollout.evaluate import evaluate
 from vagen.rollout.manager import RolloutManager
-from vagen.rollout.seeds import SeedSchedule
+from vagen.rollout.seeds import VAL_SEED_START, SeedSchedule
 
 GOOD = "<think>go</think><answer>Down, Right</answer>"
 GROUNDED = (
@@ -161,9 +161,10 @@ def tiny_text(tiny_text_path):
 def test_text_only_sokoban_end_to_end_is_reproducible(tiny_text):
     model, tokenizer = tiny_text
     env_cfg = EnvConfig(env_id="envs_visual/Sokoban-v0", text_only=True, prompt_format="no_think")
-    cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=2, max_new_tokens=12, seed=3)
+    cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=2, max_new_tokens=12)
     batches = [
-        RolloutManager(env_cfg, cfg, HFEngine(model, tokenizer), tokenizer).train_batch() for _ in range(2)
+        RolloutManager(env_cfg, cfg, HFEngine(model, tokenizer), tokenizer, seed=3).train_batch()
+        for _ in range(2)
     ]
     a, b = batches
     assert a.vision is None and torch.equal(a.input_ids, b.input_ids)
@@ -179,10 +180,11 @@ def test_text_only_sokoban_end_to_end_is_reproducible(tiny_text):
 
 
 def test_evaluate_plays_the_fixed_validation_levels(processor):
-    m = manager(processor, [GOOD, "oops"], max_turns=2, val_seed_start=1000)
+    m = manager(processor, [GOOD, "oops"], max_turns=2)
     summary, episodes = evaluate(m, num_levels=2, group_size=3)
-    val_levels = [s.level for s in m.seeds.validation(2, 1)]  # the first held-out seeds from 1000
-    assert sorted({ep.level_seed for ep in episodes}) == val_levels == [1002, 1006] and summary.k == 3
+    val_levels = [s.level for s in m.seeds.validation(2, 1)]  # the first held-out seeds of their range
+    assert sorted({ep.level_seed for ep in episodes}) == val_levels and summary.k == 3
+    assert min(val_levels) >= VAL_SEED_START
     assert (
         summary.num_episodes == 6
         and 0 <= summary.success_ci_low <= summary.success_rate <= summary.success_ci_high
@@ -249,8 +251,8 @@ def test_tiny_vlm_rollout_scores_back_to_the_sampled_logprobs(
     env_cfg = EnvConfig(
         env_id=env_id, prompt_format="free_think", instructions_in_system=instructions_in_system
     )
-    cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=3, max_new_tokens=8, window=window, seed=1)
-    manager = RolloutManager(env_cfg, cfg, HFEngine(model, processor), processor)
+    cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=3, max_new_tokens=8, window=window)
+    manager = RolloutManager(env_cfg, cfg, HFEngine(model, processor), processor, seed=1)
     batch = manager.train_batch()
     assert batch.vision is not None and (len(batch) == 4) == (window is None)  # window 0: turn 3 = new row
     if instructions_in_system:  # nothing pinned: one row and one image per turn

@@ -1,4 +1,4 @@
-"""Warm starts (vagen.sft): teacher replies, RL-identical assembly, masked-loss training, cache."""
+"""Warm starts (vagen.pretrain): teacher replies, RL-identical assembly, masked-loss training, cache."""
 
 import dataclasses
 from pathlib import Path
@@ -11,26 +11,21 @@ from transformers import AutoTokenizer
 
 import envs_visual  # noqa: F401
 from envs_visual.language import PROMPT_FORMATS, LanguageEnv, parse_reply
-from envs_visual.sokoban import SokobanEnv
+from vagen.config import EnvConfig, RolloutConfig, SupervisedOptim, WarmStartConfig
 from vagen.models.loading import load_policy
-from vagen.rollout.assembly import ChatCodec
-from vagen.rollout.batch import build_batch
-from vagen.rollout.config import EnvConfig, RolloutConfig
-from vagen.rollout.seeds import SeedSchedule
-from vagen.sft import (
+from vagen.pretrain import warm_start_model
+from vagen.pretrain.sft import run_sft, warm_start_dir
+from vagen.pretrain.supervised import length_batches, masked_nll, train_supervised
+from vagen.pretrain.teachers import (
     GENERIC_REASONING,
-    SFTConfig,
-    length_batches,
-    masked_nll,
     optimal_success,
     play_teacher_episodes,
-    run_sft,
     teacher_reply,
     teacher_success,
-    train_sft,
-    warm_start_dir,
-    warm_start_model,
 )
+from vagen.rollout.assembly import ChatCodec
+from vagen.rollout.batch import build_batch
+from vagen.rollout.seeds import SeedSchedule
 
 ENV = EnvConfig(
     env_id="envs_visual/FrozenLake-v0", env_kwargs={"size": 4, "max_steps": 10}, max_actions_per_turn=2
@@ -50,29 +45,29 @@ def test_teacher_replies_are_well_formed_in_every_format():
     rng = np.random.default_rng(0)
     for prompt_format in PROMPT_FORMATS:
         env = language_env(prompt_format)
-        for teacher in ("random", "describe", "grid", "solver", "planner"):
+        for teacher in ("format", "grounded", "grid", "solver", "planner"):
             reply = teacher_reply(env, teacher, 3, rng)
             parse = parse_reply(reply, prompt_format, env.action_names, 3)
             assert parse.format_ok, (prompt_format, teacher, reply)
             if teacher == "solver":
                 optimal = [env.action_names[a] for a in env.env.unwrapped.optimal_actions(3)]
                 assert parse.actions == optimal
-            if prompt_format == "grounding" and teacher != "grid":  # facts; describe, solver true ones
+            if prompt_format == "grounding" and teacher != "grid":  # facts; grounded, solver true ones
                 assert "the player" in parse.texts["observation"]
 
 
-def test_describe_teacher_states_the_truth_and_plays_at_random():
+def test_grounded_teacher_states_the_truth_and_plays_at_random():
     """The grounded warm start's teacher: its <observation> is the env's true state (F1 = 1) on every
     state, its <prediction> the state after its own actions, and its actions do not follow the state."""
+    from vagen.pretrain.teachers import predicted_facts
     from vagen.rollout.reasoning import fact_f1
-    from vagen.sft import predicted_facts
 
     openings = set()
     for seed in range(8):
         env = language_env("grounding_worldmodeling")
         env.reset(seed=seed)
         game = env.env.unwrapped
-        reply = teacher_reply(env, "describe", 3, np.random.default_rng(0))
+        reply = teacher_reply(env, "grounded", 3, np.random.default_rng(0))
         parse = parse_reply(reply, "grounding_worldmodeling", env.action_names, 3)
         assert fact_f1(parse.texts["observation"], game.describe_state()) == 1.0
         actions = [env.action_names.index(name) for name in parse.actions]
@@ -85,7 +80,7 @@ def test_grid_teacher_writes_the_true_grid_and_plays_at_random():
     """The grid warm start's teacher: <think> (free_think) or <observation> is the env's text grid with
     spaced cells (no token spans two), <prediction> the grid after its own actions; its actions
     ignore the state."""
-    from vagen.sft import cell_grid
+    from vagen.pretrain.teachers import cell_grid
 
     openings = set()
     for seed in range(6):
@@ -113,17 +108,17 @@ def test_grid_teacher_writes_the_true_grid_and_plays_at_random():
 
 
 def test_format_teacher_reply_does_not_depend_on_the_state():
-    """Seeded alike, the format (random) teacher writes the same reply on every state: its actions
+    """Seeded alike, the format teacher writes the same reply on every state: its actions
     and its facts carry no information about the game."""
     for prompt_format in PROMPT_FORMATS:
         replies = set()
         for seed in range(5):
             env = language_env(prompt_format)
             env.reset(seed=seed)
-            replies.add(teacher_reply(env, "random", 3, np.random.default_rng(0)))
+            replies.add(teacher_reply(env, "format", 3, np.random.default_rng(0)))
         assert len(replies) == 1, prompt_format
     env = language_env("free_think")
-    reply = teacher_reply(env, "random", 3, np.random.default_rng(1))
+    reply = teacher_reply(env, "format", 3, np.random.default_rng(1))
     think = parse_reply(reply, "free_think", env.action_names, 3)
     assert think.texts["think"] == GENERIC_REASONING
 
@@ -143,11 +138,11 @@ def test_sft_data_masks_only_the_replies_and_training_lowers_the_masked_loss(tin
         assert text.count("<answer>") == text.count("</answer>") == masked.count(end) >= 1
         assert "<|image_pad|>" not in text and "user" not in text  # observations are never trained on
     with torch.no_grad():
-        before = masked_nll(model, data, 8).item()
-    cfg = SFTConfig(teacher="solver", steps=4, batch_size=4, warmup_steps=1, lr=2e-3)
-    losses = train_sft(model, data, cfg, log=lambda _: None)
+        before = masked_nll(model, data).item()
+    optim = SupervisedOptim(steps=4, batch_size=4, warmup_steps=1, lr=2e-3)
+    losses = train_supervised(model, data, optim, seed=0, log=lambda _: None)
     with torch.no_grad():
-        after = masked_nll(model, data, 8).item()
+        after = masked_nll(model, data).item()
     assert len(losses) == 4 and after < before - 0.5
 
 
@@ -163,12 +158,26 @@ def test_length_batches_mix_equal_length_rows_and_use_every_row_once_per_epoch()
     assert epochs[0] != epochs[1]  # drawn afresh each epoch
 
 
-def test_run_sft_writes_a_loadable_model_and_caches_it(tiny_vlm_path, tmp_path):
-    cfg = SFTConfig(episodes=2, steps=1, batch_size=2, eval_levels=1, cache_dir=str(tmp_path))
+def tiny_warm_start(**changes) -> WarmStartConfig:
+    return WarmStartConfig(
+        teacher="format", episodes=2, eval_levels=1, optim=SupervisedOptim(steps=1, batch_size=2), **changes
+    )
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh $VAGEN_CACHE (the only place caches live)."""
+    monkeypatch.setenv("VAGEN_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_run_sft_writes_a_loadable_model_and_caches_it(tiny_vlm_path, cache):
+    cfg = tiny_warm_start()
     rollout = RolloutConfig(max_turns=1, max_new_tokens=4)
     messages = []
     result = run_sft(str(tiny_vlm_path), ENV, rollout, cfg, log=messages.append)
     assert result.model_dir == warm_start_dir(str(tiny_vlm_path), ENV, rollout, cfg)
+    assert result.model_dir.parent == cache / "sft" and result.model_dir.name.startswith("format-")
     assert set(result.report["after"]) >= {"success", "success_ci", "format_ok"}
     model, _ = load_policy(result.model_dir)
     assert sum(p.numel() for p in model.parameters()) > 0
@@ -177,59 +186,44 @@ def test_run_sft_writes_a_loadable_model_and_caches_it(tiny_vlm_path, tmp_path):
 
 
 def test_cache_key_changes_with_every_input(tiny_vlm_path):
-    base = SFTConfig()
+    base = WarmStartConfig(teacher="format")
     key = warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, base)
-    assert key == warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig())
+    assert key == warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, WarmStartConfig(teacher="format"))
     other_env = EnvConfig(env_id=ENV.env_id, env_kwargs={"size": 4, "is_slippery": True})
     changed = [
-        warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig(steps=7)),
-        warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig(teacher="solver")),
+        warm_start_dir(
+            str(tiny_vlm_path), ENV, ROLLOUT, dataclasses.replace(base, optim=SupervisedOptim(steps=7))
+        ),
+        warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, WarmStartConfig(teacher="solver")),
+        warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, dataclasses.replace(base, seed=1)),
         warm_start_dir(str(tiny_vlm_path), other_env, ROLLOUT, base),
         warm_start_dir(str(tiny_vlm_path), ENV, RolloutConfig(max_turns=4), base),
         warm_start_dir("tiny-text", ENV, ROLLOUT, base),
     ]
-    assert len({key, *changed}) == 6
-    # reward weights, the RL engine / batch shape, the RL seed (the levels follow sft.seed) and exploring
-    # starts (the teacher starts on the level's start) change neither the conversations nor the training
+    assert len({key, *changed}) == 7
+    # reward weights and the RL engine / batch shape / exploring starts (the teacher starts on the level's
+    # start) change neither the conversations nor the training
     reward_only = dataclasses.replace(
         ENV, format_reward=0.0, format_penalty=-1.0, grounding_reward_weight=2.0
     )
     engine_only = dataclasses.replace(
-        ROLLOUT,
-        engine="hf" if ROLLOUT.engine == "vllm" else "vllm",
-        num_groups=3,
-        seed=ROLLOUT.seed + 1,
-        random_start=1.0,
+        ROLLOUT, engine="hf" if ROLLOUT.engine == "vllm" else "vllm", num_groups=3, random_start=1.0
     )
     assert warm_start_dir(str(tiny_vlm_path), reward_only, engine_only, base) == key
-    assert warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig(random_start=0.5)) != key
 
 
 def test_cache_key_changes_with_the_training_procedure(tiny_vlm_path, monkeypatch):
-    before = warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig())
-    monkeypatch.setattr("vagen.sft.TRAINING_PROCEDURE", -1)  # a model cached by another train_sft
-    assert warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, SFTConfig()) != before
+    base = WarmStartConfig(teacher="format")
+    before = warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, base)
+    monkeypatch.setattr("vagen.pretrain.supervised.TRAINING_PROCEDURE", -1)  # a model cached by another one
+    assert warm_start_dir(str(tiny_vlm_path), ENV, ROLLOUT, base) != before
 
 
-def test_teacher_exploring_starts_leave_the_start_cell_and_stay_solved(monkeypatch):
-    seeds = SeedSchedule(0, 0, 10**6).next_train(32, 1)
-    plain, _ = play_teacher_episodes(ENV, ROLLOUT, None, seeds, "solver", seed=0)
-    explored, _ = play_teacher_episodes(ENV, ROLLOUT, None, seeds, "solver", seed=0, random_start=1.0)
-    assert sum(r.num_actions for r in explored) < sum(r.num_actions for r in plain)  # nearer the goal
-    assert all(r.success for r in explored if r.num_actions < ROLLOUT.max_actions_per_episode)
-    with pytest.raises(ValueError, match="sft.random_start must lie in"):
-        SFTConfig(random_start=-0.1)
-    sokoban = EnvConfig(env_id="envs_visual/Sokoban-v0")
-    monkeypatch.setattr(SokobanEnv, "supports_random_start", False)  # an env without exploring starts
-    with pytest.raises(ValueError, match="sft.random_start=0.5 needs an env with random starts"):
-        run_sft("tiny-vlm", sokoban, ROLLOUT, SFTConfig(random_start=0.5))
-
-
-def test_references_random_solver_and_value_iteration_optimum():
+def test_references_format_solver_and_value_iteration_optimum():
     rollout = RolloutConfig(max_turns=3, max_actions_per_episode=6)
     seeds = SeedSchedule(0, 0, 10**6).validation(16, 1)
     assert teacher_success(ENV, rollout, seeds, "solver") == optimal_success(ENV, rollout, seeds) == 1.0
-    assert teacher_success(ENV, rollout, seeds, "random") < 0.2
+    assert teacher_success(ENV, rollout, seeds, "format") < 0.2
     slippery = EnvConfig(env_id=ENV.env_id, env_kwargs={"size": 4, "is_slippery": True, "max_steps": 10})
     assert 0.0 < optimal_success(slippery, rollout, seeds) < 1.0
     assert teacher_success(ENV, rollout, seeds, "planner") == 1.0
@@ -266,17 +260,11 @@ def test_planner_teacher_plays_the_value_iteration_policy_on_slippery_ice():
     assert abs(planner - optimal_success(slippery, rollout, seeds)) < 0.08
 
 
-def test_warm_start_model_follows_the_run_config(tmp_path):
+def test_warm_start_model_follows_the_run_config(cache):
     from vagen.config import load_config
 
-    tiny = [
-        "sft.episodes=2",
-        "sft.steps=1",
-        "sft.batch_size=2",
-        "sft.eval_levels=1",
-        f"sft.cache_dir={tmp_path}",
-    ]
-    tiny += ["rollout.max_turns=1", "rollout.max_new_tokens=4"]
-    assert warm_start_model(load_config(None, tiny)) == "tiny-vlm"  # model.warm_start=none
-    path = warm_start_model(load_config(None, [*tiny, "model.warm_start=solver"]), log=lambda _: None)
-    assert path.startswith(str(tmp_path / "solver-")) and (tmp_path / path / "config.json").is_file()
+    tiny = ["warm_start.episodes=2", "warm_start.optim.steps=1", "warm_start.optim.batch_size=2"]
+    tiny += ["warm_start.eval_levels=1", "rollout.max_turns=1", "rollout.max_new_tokens=4"]
+    assert warm_start_model(load_config(None, tiny)) == "tiny-vlm"  # warm_start.teacher=none
+    path = warm_start_model(load_config(None, [*tiny, "warm_start.teacher=solver"]), log=lambda _: None)
+    assert path.startswith(str(cache / "sft" / "solver-")) and (Path(path) / "config.json").is_file()

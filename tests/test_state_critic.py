@@ -8,8 +8,8 @@ import torch
 from test_rollout_batch import random_turns, synthetic_batch
 
 from vagen.checkpoint import load_module_state, save_module_state
-from vagen.critic_fit import state_values
-from vagen.models.state_critic import PAD_BYTE, FeatureCritic, StateCritic
+from vagen.critics import state_values
+from vagen.critics.state import PAD_BYTE, FeatureCritic, StateCritic
 from vagen.rollout.batch import TurnRecord
 
 

@@ -22,30 +22,28 @@ REPO = Path(__file__).resolve().parents[1]
 def one_update(out_path: str, critic_kind: str) -> None:
     import torch.distributed as dist
 
-    from vagen.config import derived_sizes, load_config
-    from vagen.critic_fit import fit_state_critic, return_regression
+    from vagen import optim
+    from vagen.batching import derived_sizes
+    from vagen.config import load_config
+    from vagen.distributed import init_distributed
     from vagen.metrics import MetricAccumulator
+    from vagen.models import build
     from vagen.rollout.manager import RolloutManager
-    from vagen.trainer import (
-        Scores,
-        advantages,
-        build_models,
-        filter_groups,
-        init_distributed,
-        score,
-        seed_everything,
-        update,
-    )
+    from vagen.startup import seed_everything
+    from vagen.trainer import filter_groups, optimize, plan_update, score
+    from vagen.updates import POLICY_UPDATES
 
-    rank, world = init_distributed()
-    overrides = [
-        "model.warm_start=none", "rollout.engine=hf", "rollout.num_groups=2", "rollout.group_size=2",
-        "rollout.max_turns=2",
-        "rollout.max_new_tokens=12", "algo.mini_batches=1", "algo.kl_coef=0.01",
-        "trainer.micro_batch_size=1",
+    def sgd_like_adamw(params, lr, betas, weight_decay=0.0):
         # eps >> |gradient| turns AdamW's first step into SGD (step = lr * g / (|g| + eps)), so that the
         # comparison sees gradient magnitudes, not only their signs
-        "optim.actor_lr=1.0", "optim.critic_lr=1.0", "optim.eps=1.0", "optim.warmup_steps=0",
+        return torch.optim.AdamW(params, lr=lr, betas=tuple(betas), eps=1.0, weight_decay=weight_decay)
+
+    optim.adamw = build.adamw = sgd_like_adamw
+    rank, world = init_distributed()
+    overrides = [
+        "warm_start.teacher=none", "rollout.engine=hf", "rollout.num_groups=2", "rollout.group_size=2",
+        "rollout.max_turns=2", "rollout.max_new_tokens=12", "algo.mini_batches=1", "algo.kl_coef=0.01",
+        "trainer.micro_batch_size=1", "optim.actor_lr=1.0", "optim.critic_lr=1.0", "optim.warmup_steps=0",
     ]  # fmt: skip
     overrides += (
         ["algo.adv=gae"]
@@ -54,8 +52,9 @@ def one_update(out_path: str, critic_kind: str) -> None:
     )
     cfg = load_config(REPO / "configs/frozenlake_tiny.yaml", overrides)
     sizes = derived_sizes(cfg, world)
+    update = POLICY_UPDATES[cfg.algo.policy_loss]
     seed_everything(cfg.trainer.seed, rank=0)  # identical weights and episodes on every rank
-    models = build_models(cfg, sizes)
+    models = build.build_models(cfg, sizes, update)
     manager = RolloutManager(cfg.env, cfg.rollout, models.generation, models.processor)
     batch = manager.collect(manager.seeds.next_train(cfg.rollout.num_groups, cfg.rollout.group_size))
     # fixed, distinct rewards at the turn ends so that advantages and gradients are not zero
@@ -67,24 +66,13 @@ def one_update(out_path: str, critic_kind: str) -> None:
     per_rank = cfg.rollout.num_groups // world
     mine = [e for e, ep in enumerate(batch.episodes) if ep.group // per_rank == rank]
     share = batch.select(torch.isin(batch.episode_ids, torch.tensor(mine)).nonzero().flatten())
-    scores: Scores = score(models, share, cfg)
+    scores = score(models, share, cfg)
     rows, _, _ = filter_groups(share, cfg, world)
-    kept = share.select(rows)
-    adv, returns = advantages(kept, scores.select(rows), cfg)
-    generator = torch.Generator().manual_seed(0)
-    pad_row = share.select([0])
+    kept, kept_scores = share.select(rows), scores.select(rows)
     stats = MetricAccumulator()
-    update(models, kept, scores.select(rows), adv, returns, pad_row, cfg, sizes, generator, stats)
-    if critic_kind == "state":
-        states, regression = return_regression(kept, returns, models.state_critic.reads)
-        fit_state_critic(
-            models.state_critic,
-            models.state_critic_optim,
-            states,
-            regression,
-            cfg.algo.state_critic_steps,
-            stats,
-        )
+    plan = plan_update(update, models, kept, kept_scores, cfg, stats)  # fits the state critic
+    generator = torch.Generator().manual_seed(0)
+    optimize(update, models, kept, kept_scores, plan, share.select([0]), cfg, sizes, generator, stats)
     reduced = stats.reduce()
     critic_metric = "critic/grad_norm" if critic_kind == "model" else "critic/vf_loss"
     grad_norms = torch.tensor([reduced["actor/grad_norm"], reduced[critic_metric]], dtype=torch.float64)

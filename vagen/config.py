@@ -2,287 +2,396 @@
 
     cfg = load_config("configs/frozenlake_tiny.yaml", ["algo.adv=bilevel_gae", "trainer.steps=50"])
 
-Every field has a default and a one-line help (`metadata["help"]`). An unknown key, a value of the
-wrong type, a missing required value or an inconsistent setting stops at start with one `ConfigError`
-line naming the key (and the nearest valid key for a typo). Sizes derived from the config (rows per
-rank, micro-batches per optimizer step, ...) are computed in one place, `derived_sizes`.
+Every schema of the project lives here, and this module imports no other part of vagen (nor torch):
+`python -c "import vagen.config"` is cheap. Every field has a default and a one-line help; its metadata
+may also name its `choices` and its range (`ge`, `gt`, `le`, `lt`, and `length` for a list), which
+`validate` checks for every field in one loop. Float values must be finite. An unknown key, a removed
+key (named with its replacement), a value of the wrong type or out of range stops at start with one
+`ConfigError` line naming the key. Checks that need the registries (estimator x update x critic), the
+model or the env run at start-up before any work (vagen.startup). The batch sizes derived from the
+config are computed in one place, vagen.batching.derived_sizes.
 """
 
 import difflib
+import importlib.util
 import math
 import sys
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
-from vagen.algo import ADVANTAGE_ESTIMATORS, GROUP_FILTERS, KL_ESTIMATORS, LOSS_AGGREGATIONS
-from vagen.perception import PerceptionConfig
-from vagen.rollout.config import EnvConfig, RolloutConfig
-from vagen.sft import WARM_START_TEACHERS, SFTConfig
-
-ALARM_POLICIES = ("warn", "stop", "rollback")
-DTYPES = ("float32", "bfloat16")
-CRITIC_KINDS = ("model", "state")
-STATE_CRITIC_INPUTS = ("text", "features")
-TURN_LEVEL_ESTIMATORS = ("turn_gae", "bilevel_gae")  # credit over turns: a value per turn suffices
+# Names owned by other modules, repeated here so that loading a config imports none of them; tests
+# check each tuple against its registry (vagen.algo, vagen.updates, envs_visual.language, ...).
+ADVANTAGE_ESTIMATORS = ("gae", "turn_gae", "bilevel_gae", "grpo", "rloo", "gigpo")
 POLICY_UPDATES = ("ppo", "mpo")
-LR_DECAYS = ("constant", "linear")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+GROUP_FILTERS = ("top_std_fraction", "top_p_variance")
+CRITICS = ("model", "state")
+STATE_CRITIC_INPUTS = ("text", "features")
+TEACHERS = ("format", "grounded", "grid", "solver", "planner")
+PROMPT_FORMATS = ("no_think", "free_think", "grounding", "worldmodeling", "grounding_worldmodeling")
+INSTRUCTION_STYLES = ("full", "brief")
+SPAN_NAMES = ("think", "observation", "reasoning", "prediction", "answer")
+ENGINES = ("hf", "vllm")
+SCHEDULES = ("constant", "linear", "cosine")
+DTYPES = ("float32", "bfloat16")
+ATTENTION = ("sdpa", "eager", "flash_attention_2")
+ALARM_POLICIES = ("warn", "stop", "rollback")
+
+# Keys of older recipes: a config that sets one stops with this replacement in its one-line error.
+REMOVED_KEYS = {
+    "model.warm_start": "use warm_start.teacher (format | grounded | grid | solver | planner)",
+    "model.critic_path": "removed: the critic starts from the policy's checkpoint",
+    "sft": "use warm_start (its optimizer settings under warm_start.optim)",
+    "sft.teacher": "use warm_start.teacher (random -> format, describe -> grounded)",
+    "sft.cache_dir": "removed: set VAGEN_CACHE",
+    "perception.cache_dir": "removed: set VAGEN_CACHE",
+    "algo.gamma_turn": "use algo.gamma (bilevel_gae's turn-level discount)",
+    "algo.lam_turn": "use algo.lam (bilevel_gae's turn-level lambda)",
+    "algo.mpo_mass_floor": "removed (a negative result: docs/research/probe-log.md)",
+    "algo.filter.drop_zero_std": "removed (a negative result: docs/research/probe-log.md)",
+    "optim.lr_decay": "use optim.schedule (constant | linear | cosine)",
+    "optim.max_grad_norm": "use optim.skip_grad_norm (optim.grad_clip clips)",
+    "optim.eps": "removed: AdamW's epsilon is 1e-8",
+    "trainer.rollout_reuse": "removed: every iteration rolls out afresh",
+    "rollout.seed": "use trainer.seed (one seed for the whole run)",
+    "rollout.train_seed_start": "removed: training and validation levels are split by layout hash",
+    "rollout.val_seed_start": "removed: training and validation levels are split by layout hash",
+    "rollout.holdout_val_layouts": "removed: validation layouts are always held out",
+    "rollout.val_layout_share": "removed: 20% of the layouts are held out",
+    "env.template_penalty": "removed: a constant of vagen/rollout/reasoning.py",
+    "env.template_score_threshold": "removed: a constant of vagen/rollout/reasoning.py",
+    "logging.wandb_project": "use the WANDB_PROJECT environment variable",
+    "logging.wandb_mode": "use the WANDB_MODE environment variable",
+    **{
+        f"alarms.{k}": "removed: a constant of vagen/metrics.py"
+        for k in ("window", "spike_factor", "drop_fraction", "drop_patience", "min_history")
+    },  # fmt: skip
+}
 
 
 class ConfigError(ValueError):
     """A configuration problem, described in one line that names the offending key."""
 
 
+def option(default: Any, help: str, **checks: Any) -> Any:
+    """A schema field: its default, its help, and the checks `validate` runs on it (choices=, ge=, gt=,
+    le=, lt=, length=). Lists and dicts get a fresh copy per instance."""
+    metadata = {"help": help, **checks}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def section(schema: type, help: str, **defaults: Any) -> Any:
+    """A nested section field, with its own defaults overridden by `defaults`."""
+    return field(default_factory=lambda: schema(**defaults), metadata={"help": help})
+
+
 @dataclass
 class LoraConfig:
     """Optional LoRA adapters on the actor (peft); the reference is then the actor without them."""
 
-    rank: int = field(default=0, metadata={"help": "LoRA rank r; 0 = full fine-tuning, no adapter"})
-    alpha: float = field(default=16.0, metadata={"help": "LoRA scaling alpha (update scaled by alpha / r)"})
-    dropout: float = field(default=0.0, metadata={"help": "dropout on the LoRA input"})
-    target_modules: list[str] | None = field(
-        default=None, metadata={"help": "module names with adapters; None = the language model's projections"}
+    rank: int = option(0, "LoRA rank r; 0 = full fine-tuning, no adapter", ge=0)
+    alpha: float = option(16.0, "LoRA scaling alpha (update scaled by alpha / r)", gt=0)
+    dropout: float = option(0.0, "dropout on the LoRA input", ge=0, lt=1)
+    target_modules: list[str] | None = option(
+        None, "module names with adapters; None = the language model's projections"
     )
 
 
 @dataclass
 class ModelConfig:
-    """Which checkpoint plays the policy (actor), the reference and the critic, and how to load it."""
+    """The checkpoint the policy (actor), the reference and a model critic start from, and how to load it."""
 
-    path: str = field(
-        default="tiny-vlm", metadata={"help": "'tiny-vlm', 'tiny-text' or a local save_pretrained directory"}
+    path: str = option("tiny-vlm", "'tiny-vlm', 'tiny-text' or a local save_pretrained directory")
+    dtype: str = option("float32", "weights and DeepSpeed precision", choices=DTYPES)
+    attn_implementation: str = option("sdpa", "attention kernel", choices=ATTENTION)
+    gradient_checkpointing: bool = option(False, "recompute activations in backward")
+    trust_remote_code: bool = option(False, "allow code shipped with the checkpoint")
+    lora: LoraConfig = section(LoraConfig, "LoRA adapters (rank 0 = off)")
+
+
+@dataclass
+class SupervisedOptim:
+    """AdamW steps of a supervised run (warm start, perception): linear warm-up, then the schedule.
+    AdamW's betas (0.9, 0.98), weight decay 0.01 and gradient clip 1.0 are fixed (vagen.pretrain)."""
+
+    steps: int = option(400, "optimizer steps", ge=1)
+    batch_size: int = option(16, "rows per optimizer step", ge=1)
+    lr: float = option(2e-3, "peak learning rate", gt=0)
+    warmup_steps: int = option(20, "optimizer steps of linear warm-up", ge=0)
+    schedule: str = option("cosine", "after warm-up: constant | linear | cosine", choices=SCHEDULES)
+    min_lr_ratio: float = option(0.1, "final learning rate as a fraction of the peak", ge=0, le=1)
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised fine-tuning on teacher-played episodes before RL (vagen.pretrain.sft; cached)."""
+
+    teacher: str = option(
+        "none",
+        "teacher imitated before RL: none | format | grounded | grid | solver | planner (pretrain.teachers)",
+        choices=("none", *TEACHERS),
     )
-    critic_path: str | None = field(
-        default=None, metadata={"help": "critic backbone checkpoint; None = the policy's checkpoint"}
+    episodes: int = option(256, "teacher-played episodes (training levels)", ge=1)
+    eval_levels: int = option(64, "validation levels evaluated after training", ge=1)
+    seed: int = option(0, "seed of the teacher, its levels, the data order and torch (not the RL seed)")
+    optim: SupervisedOptim = section(SupervisedOptim, "its AdamW steps")
+
+
+@dataclass
+class PerceptionConfig:
+    """Captioning pretraining on the env's images before the warm start (vagen.pretrain.perception)."""
+
+    enabled: bool = option(False, "pretrain `model.path` to read the images first (cached)")
+    samples: int = option(8192, "(image, grid) training samples", ge=1)
+    max_walk: int = option(10, "random steps from the reset, at most", ge=0)
+    eval_samples: int = option(512, "validation samples scored after training", ge=1)
+    seed: int = option(0, "seed of the levels, walks, data order and torch")
+    optim: SupervisedOptim = section(
+        SupervisedOptim,
+        "its AdamW steps",
+        steps=3000,
+        batch_size=64,
+        lr=1e-3,
+        warmup_steps=50,
+        min_lr_ratio=0.3,
     )
-    dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 (weights and DeepSpeed)"})
-    attn_implementation: str = field(default="sdpa", metadata={"help": "sdpa | eager | flash_attention_2"})
-    gradient_checkpointing: bool = field(
-        default=False, metadata={"help": "recompute activations in backward"}
+
+
+@dataclass
+class EnvConfig:
+    """One environment family played through the language layer (envs_visual.language.LanguageEnv)."""
+
+    env_id: str = option("envs_visual/FrozenLake-v0", "gymnasium id, e.g. envs_visual/Sokoban-v0")
+    env_kwargs: dict[str, Any] = option({}, "keyword arguments of gymnasium.make (size, boxes, ...)")
+    prompt_format: str = option("free_think", "what the reply holds besides <answer>", choices=PROMPT_FORMATS)
+    max_actions_per_turn: int = option(3, "actions executed at most per reply", ge=1)
+    format_reward: float = option(0.5, "reward for a well-formed reply")
+    format_penalty: float = option(0.0, "reward for a malformed reply (RAGEN uses -0.1)", le=0)
+    text_only: bool = option(False, "text observations (the grid as text), no images")
+    cell_separator: str = option(
+        "", "text_only: between a row's cells (' ' keeps one BPE token per cell; Sokoban: '|')"
     )
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "allow code shipped with the checkpoint"}
+    instructions: str = option(
+        "full",
+        "full (rules, legend, actions, format, an example) | brief (one sentence, ~5x fewer tokens)",
+        choices=INSTRUCTION_STYLES,
     )
-    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA adapters (rank 0 = off)"})
-    warm_start: str = field(
-        default="none",
-        metadata={
-            "help": "none | format | grounded | grid | solver: fine-tune the start by vagen.sft (cached), "
-            "see `sft`"
-        },
+    instructions_in_system: bool = option(
+        False, "task instructions in the system prompt, not the first message"
     )
+    action_feedback: bool = option(
+        True, "open each message with what the last reply did ('Executed actions: Up.')"
+    )
+    grounding_reward_weight: float = option(0.0, "weight of the F1 of <observation> vs the true state", ge=0)
+    worldmodel_reward_weight: float = option(
+        0.0, "weight of the F1 of <prediction> vs the true next state", ge=0
+    )
+
+
+@dataclass
+class RolloutConfig:
+    """StarPO rollout: groups of episodes, turn and context budgets, sampling, masking by span."""
+
+    num_groups: int = option(8, "G: groups per rollout; a group shares one level", ge=1)
+    group_size: int = option(4, "n: episodes per group (same level, own dynamics)", ge=1)
+    max_turns: int = option(5, "turns (replies) per episode at most", ge=1)
+    max_actions_per_episode: int = option(20, "actions executed per episode at most", ge=1)
+    window: int | None = option(
+        None,
+        "earlier turns kept in the context besides the first; None = the full history (one row per episode)",
+        ge=0,
+    )
+    max_context_tokens: int = option(
+        4096, "an episode ends before a turn whose prompt + reply could exceed this", ge=1
+    )
+    random_start: float = option(
+        0.0,
+        "exploring starts: share of training episodes that start off the level's start (a solvable state)",
+        ge=0,
+        le=1,
+    )
+    temperature: float = option(1.0, "sampling temperature (0 = greedy)", ge=0)
+    top_p: float = option(1.0, "nucleus sampling threshold (1 = off)", gt=0, le=1)
+    top_k: int = option(0, "top-k sampling (0 = off)", ge=0)
+    max_new_tokens: int = option(128, "tokens sampled per reply at most", ge=1)
+    engine: str = option(
+        "auto",
+        "generation engine: hf | vllm | auto (vllm if installed, else hf: bench/results/rollout_bench.txt)",
+        choices=(*ENGINES, "auto"),
+    )
+    chat_template: str | None = option(None, "a jinja chat template file overriding the processor's own")
+    loss_spans: str | list[str] = option(
+        "all",
+        "tokens with policy loss: 'all' sampled tokens or a list of " + ", ".join(SPAN_NAMES),
+        choices=("all", *SPAN_NAMES),
+    )
+    adv_spans: str | list[str] = option(
+        "all", "tokens the advantage recursion visits: 'all' or span names", choices=("all", *SPAN_NAMES)
+    )
+
+    def __post_init__(self) -> None:
+        if self.engine == "auto":
+            self.engine = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+    @property
+    def max_images_per_prompt(self) -> int:
+        """Images one prompt can hold: one per kept turn (all turns, or the first + `window` + current)."""
+        return self.max_turns if self.window is None else min(self.max_turns, self.window + 2)
 
 
 @dataclass
 class FilterConfig:
     """StarPO-S rollout filtering: keep the groups whose raw returns vary most."""
 
-    rule: str = field(
-        default="top_std_fraction",
-        metadata={"help": "top_std_fraction (by in-group return std) | top_p_variance (share of variance)"},
+    rule: str = option(
+        "top_std_fraction",
+        "top_std_fraction (by in-group return std) | top_p_variance (share of variance)",
+        choices=GROUP_FILTERS,
     )
-    keep: float = field(
-        default=1.0,
-        metadata={"help": "fraction of groups (top_std_fraction) or of variance (top_p_variance)"},
-    )
-    drop_zero_std: bool = field(
-        default=False, metadata={"help": "also drop groups whose returns are all equal"}
+    keep: float = option(
+        1.0, "fraction of groups (top_std_fraction) or of variance (top_p_variance)", gt=0, le=1
     )
 
 
 @dataclass
 class AlgoConfig:
-    """Advantages, losses and the PPO update schedule."""
+    """Advantages, the policy update, its losses and schedule (formulas: docs/algorithms.md)."""
 
-    adv: str = field(
-        default="gae",
-        metadata={"help": "advantage estimator: gae | turn_gae | bilevel_gae | grpo | rloo | gigpo"},
+    adv: str = option(
+        "gae", "advantage estimator of the ppo update (unused by mpo)", choices=ADVANTAGE_ESTIMATORS
     )
-    policy_loss: str = field(
-        default="ppo",
-        metadata={
-            "help": "ppo: PPO's clipped surrogate on each sampled token's advantage (algo.adv) | mpo: at "
-            "each turn's action token, cross-entropy to pi_old * exp((Q - V) / mpo_eta) over ALL actions, "
-            "from a privileged Q(s, a) critic (critic=state; algo.adv unused; one action per turn), "
-            "vagen/algo/mpo.py"
-        },
+    policy_loss: str = option(
+        "ppo",
+        "ppo: the clipped surrogate on each sampled token's advantage | mpo: at each turn's action token, "
+        "cross-entropy to pi_old * exp((Q - V) / mpo_eta) over all actions, from a Q(s, a) state critic",
+        choices=POLICY_UPDATES,
     )
-    gamma: float = field(default=1.0, metadata={"help": "discount of gae, turn_gae and mpo's Q"})
-    lam: float = field(default=1.0, metadata={"help": "GAE lambda of gae and turn_gae"})
-    gamma_turn: float = field(default=0.95, metadata={"help": "bilevel_gae: discount between turns"})
-    lam_turn: float = field(default=1.0, metadata={"help": "bilevel_gae: lambda between turns"})
-    gamma_token: float = field(default=1.0, metadata={"help": "bilevel_gae: discount within a turn"})
-    lam_token: float = field(default=1.0, metadata={"help": "bilevel_gae: lambda within a turn"})
-    grpo_scale_by_std: bool = field(default=True, metadata={"help": "grpo: divide by the group std"})
-    whiten_advantages: bool = field(
-        default=False, metadata={"help": "whiten token advantages over the whole batch (all ranks)"}
+    gamma: float = option(
+        1.0, "discount: per token (gae), per turn (turn_gae, bilevel_gae, gigpo, mpo's Q)", ge=0, le=1
     )
-    ppo_epochs: int = field(default=1, metadata={"help": "passes over each rollout batch"})
-    mini_batches: int = field(
-        default=2, metadata={"help": "optimizer steps per epoch (fixed whatever the filter keeps)"}
+    lam: float = option(1.0, "GAE lambda: per token (gae), per turn (turn_gae, bilevel_gae)", ge=0, le=1)
+    gamma_token: float = option(1.0, "bilevel_gae: discount within a turn", ge=0, le=1)
+    lam_token: float = option(1.0, "bilevel_gae: lambda within a turn", ge=0, le=1)
+    grpo_scale_by_std: bool = option(True, "grpo, gigpo: divide by the group std")
+    whiten_advantages: bool = option(False, "whiten token advantages over the whole batch (all ranks)")
+    ppo_epochs: int = option(1, "passes over each rollout batch", ge=1)
+    mini_batches: int = option(2, "optimizer steps per epoch (fixed whatever the filter keeps)", ge=1)
+    clip_low: float = option(0.2, "PPO ratio clip below 1", gt=0, lt=1)
+    clip_high: float = option(0.2, "PPO ratio clip above 1 (clip-higher if larger)", gt=0)
+    dual_clip: float | None = option(None, "dual-clip bound c > 1 for A < 0; None = off", gt=1)
+    loss_agg: str = option("token-mean", "how token losses are averaged", choices=LOSS_AGGREGATIONS)
+    entropy_coef: float = option(0.0, "entropy bonus weight in the actor loss", ge=0)
+    kl_coef: float = option(0.001, "weight of KL(actor || reference); 0 = no reference", ge=0)
+    kl_kind: str = option("k3", "KL estimator", choices=KL_ESTIMATORS)
+    kl_in_reward: bool = option(False, "KL as a per-token reward penalty (True) or as an actor loss term")
+    vf_clip: float = option(0.5, "value clip around the rollout-time values", gt=0)
+    critic: str = option(
+        "model",
+        "model (a value head on the policy's backbone) | state (an MLP on the env's true state: turn-level "
+        "estimators, mpo)",
+        choices=CRITICS,
     )
-    clip_low: float = field(default=0.2, metadata={"help": "PPO ratio clip below 1"})
-    clip_high: float = field(default=0.2, metadata={"help": "PPO ratio clip above 1 (clip-higher if larger)"})
-    dual_clip: float | None = field(
-        default=None, metadata={"help": "dual-clip bound c > 1 for A < 0; None = off"}
+    state_critic_steps: int = option(20, "critic=state: full-batch regression steps per rollout", ge=1)
+    state_critic_max_bytes: int = option(
+        256, "critic=state, input text: longest state string (UTF-8 bytes) it reads", ge=1
     )
-    loss_agg: str = field(
-        default="token-mean", metadata={"help": "token-mean | seq-mean-token-sum | seq-mean-token-mean"}
+    state_critic_input: str = option(
+        "text",
+        "critic=state: text (the env's text grid, as bytes) | features (the env's state_features())",
+        choices=STATE_CRITIC_INPUTS,
     )
-    entropy_coef: float = field(default=0.0, metadata={"help": "entropy bonus weight in the actor loss"})
-    kl_coef: float = field(
-        default=0.001, metadata={"help": "weight of KL(actor || reference); 0 = no reference"}
+    mpo_eta: float = option(1.0, "mpo: temperature of exp((Q - V) / eta), in reward units", gt=0)
+    mpo_uniform_mix: float = option(0.1, "mpo: share of the uniform policy mixed into pi_old", ge=0, lt=1)
+    mpo_mass_coef: float = option(
+        1.0,
+        "mpo: weight of -log(mass of the action tokens) beside the cross-entropy over the actions (1 = the "
+        "full-vocabulary cross-entropy, 0 = the actions' logits alone)",
+        ge=0,
     )
-    kl_kind: str = field(default="k3", metadata={"help": "KL estimator: k1 | k2 | k3 | abs"})
-    kl_in_reward: bool = field(
-        default=False, metadata={"help": "KL as a per-token reward penalty (True) or as an actor loss term"}
-    )
-    vf_clip: float = field(default=0.5, metadata={"help": "value clip around the rollout-time values"})
-    critic: str = field(
-        default="model",
-        metadata={
-            "help": "critic of gae / turn_gae / bilevel_gae: model (a value head on the policy's backbone, "
-            "reading the same tokens) | state (an MLP on the env's text state, a privileged input the "
-            "policy never sees: asymmetric actor-critic; turn_gae / bilevel_gae only)"
-        },
-    )
-    state_critic_steps: int = field(
-        default=20, metadata={"help": "critic=state: full-batch regression steps on each rollout"}
-    )
-    state_critic_max_bytes: int = field(
-        default=256, metadata={"help": "critic=state: longest state string (UTF-8 bytes) it reads"}
-    )
-    state_critic_input: str = field(
-        default="text",
-        metadata={
-            "help": "critic=state: what the MLP reads: text (the env's text grid, as bytes) | features "
-            "(the env's state_features(): one-hot planes of each cell's tile and of the player; FrozenLake's "
-            "env_kwargs.state_view=egocentric gives the map seen from the player instead)"
-        },
-    )
-    mpo_eta: float = field(
-        default=1.0, metadata={"help": "mpo: temperature of exp((Q - V) / eta), in reward units"}
-    )
-    mpo_uniform_mix: float = field(
-        default=0.1, metadata={"help": "mpo: share of the uniform policy mixed into pi_old in the target"}
-    )
-    mpo_mass_coef: float = field(
-        default=1.0,
-        metadata={
-            "help": "mpo: weight of -log(mass of the action tokens) beside the cross-entropy of the policy "
-            "over the actions; 1 = the full-vocabulary cross-entropy, 0 = the actions' logits alone"
-        },
-    )
-    mpo_mass_floor: float = field(
-        default=1.0,
-        metadata={
-            "help": "mpo: the mass term pulls only on turns whose action-token mass is below this floor, as "
-            "mass_coef * max(log floor - log mass, 0); 1 = on every turn (-mass_coef * log mass)"
-        },
-    )
-    filter: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "StarPO-S group filter"})
+    filter: FilterConfig = section(FilterConfig, "StarPO-S group filter")
 
 
 @dataclass
 class OptimConfig:
-    """AdamW (a torch optimizer handed to DeepSpeed) with linear warm-up, and the gradient guards."""
+    """AdamW (a torch optimizer handed to DeepSpeed), its LR schedule, and the gradient guards."""
 
-    actor_lr: float = field(default=1e-5, metadata={"help": "actor peak learning rate"})
-    critic_lr: float = field(default=1e-5, metadata={"help": "critic peak learning rate"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay"})
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999], metadata={"help": "AdamW betas"})
-    eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
-    warmup_steps: int = field(default=0, metadata={"help": "optimizer steps of linear LR warm-up from 0"})
-    lr_decay: str = field(
-        default="constant",
-        metadata={"help": "constant | linear (to 0 at the last of trainer.steps' optimizer steps)"},
+    actor_lr: float = option(1e-5, "actor peak learning rate", gt=0)
+    critic_lr: float = option(1e-5, "critic peak learning rate (model or state critic)", gt=0)
+    betas: list[float] = option([0.9, 0.999], "AdamW betas", ge=0, lt=1, length=2)
+    weight_decay: float = option(0.0, "AdamW decoupled weight decay", ge=0)
+    warmup_steps: int = option(0, "optimizer steps of linear LR warm-up", ge=0)
+    schedule: str = option(
+        "constant", "after warm-up, towards the last of trainer.steps' optimizer steps", choices=SCHEDULES
     )
-    grad_clip: float = field(default=1.0, metadata={"help": "clip the gradient norm to this (DeepSpeed)"})
-    max_grad_norm: float = field(
-        default=1000.0,
-        metadata={"help": "skip (never apply) a step whose gradient norm is above this or NaN"},
+    min_lr_ratio: float = option(
+        0.0, "linear / cosine: the last step's lr as a fraction of the peak", ge=0, le=1
     )
-
-
-@dataclass
-class AlarmConfig:
-    """Collapse alarms (vagen.algo.diagnostics.CollapseDetector per watched metric); what to do on one."""
-
-    policy: str = field(
-        default="warn", metadata={"help": "warn | stop (end the run) | rollback (last checkpoint)"}
+    grad_clip: float = option(1.0, "clip the gradient norm to this (DeepSpeed)", gt=0)
+    skip_grad_norm: float = option(
+        1000.0, "skip (never apply) a step whose gradient norm is above this or not finite", gt=0
     )
-    window: int = field(default=20, metadata={"help": "steps of history behind the running median"})
-    spike_factor: float = field(
-        default=3.0, metadata={"help": "a value over factor x its running median spikes"}
-    )
-    drop_fraction: float = field(
-        default=0.5,
-        metadata={"help": "a value under fraction x its running max for drop_patience steps drops"},
-    )
-    drop_patience: int = field(default=5, metadata={"help": "steps a drop must last before it alarms"})
-    min_history: int = field(default=5, metadata={"help": "steps of history before a spike can fire"})
-    max_rollbacks: int = field(default=2, metadata={"help": "rollbacks allowed before the run stops"})
-
-
-@dataclass
-class LoggingConfig:
-    """Where metrics go besides the console and metrics.jsonl."""
-
-    wandb: bool = field(default=False, metadata={"help": "log to Weights & Biases"})
-    wandb_project: str = field(default="vagen", metadata={"help": "wandb project"})
-    wandb_mode: str = field(default="offline", metadata={"help": "offline | online (WANDB_MODE wins if set)"})
 
 
 @dataclass
 class TrainerConfig:
     """The loop: length, batch shapes, DeepSpeed, checkpoints, validation and GIFs."""
 
-    steps: int = field(default=20, metadata={"help": "iterations (rollout + update) to run"})
-    run_dir: str = field(default="", metadata={"help": "output folder; '' = runs/<config file name>"})
-    seed: int = field(default=0, metadata={"help": "seed of torch, numpy, random and the rollouts"})
-    deepspeed: str = field(
-        default="configs/deepspeed/zero1.json", metadata={"help": "DeepSpeed JSON config (ZeRO stage, ...)"}
+    steps: int = option(20, "iterations (rollout + update) to run", ge=1)
+    run_dir: str = option("", "output folder; '' = runs/<config file name>")
+    seed: int = option(0, "seed of torch, numpy, random, the rollouts' sampling and env dynamics", ge=0)
+    deepspeed: str = option("configs/deepspeed/zero1.json", "DeepSpeed JSON config (ZeRO stage, ...)")
+    micro_batch_size: int = option(4, "rows per forward/backward in the update", ge=1)
+    score_micro_batch_size: int = option(16, "rows per forward when scoring", ge=1)
+    save_every: int = option(0, "checkpoint every N steps (0 = only at the end)", ge=0)
+    keep_last: int = option(2, "checkpoints kept on disk", ge=1)
+    resume: str = option("none", "none | auto (newest checkpoint in run_dir) | a checkpoint folder")
+    val_every: int = option(0, "validate every N steps (0 = before and after only)", ge=0)
+    val_groups: int = option(32, "validation levels (fixed, held-out layouts)", ge=1)
+    val_group_size: int = option(1, "episodes per validation level", ge=1)
+    val_temperature: float = option(0.0, "sampling temperature of validation (0 = greedy)", ge=0)
+    viz_every: int = option(0, "write rollout GIFs + HTML every N steps (0 = off)", ge=0)
+    viz_episodes: int = option(4, "episodes rendered each time", ge=1)
+
+
+@dataclass
+class AlarmConfig:
+    """What a collapse alarm does (detectors: vagen.metrics.Alarms)."""
+
+    policy: str = option(
+        "warn", "warn | stop (end the run) | rollback (to the last checkpoint)", choices=ALARM_POLICIES
     )
-    micro_batch_size: int = field(default=4, metadata={"help": "rows per forward/backward in the update"})
-    score_micro_batch_size: int = field(default=16, metadata={"help": "rows per forward when scoring"})
-    rollout_reuse: int = field(
-        default=1, metadata={"help": "iterations fed by one rollout batch (1 = always fresh rollouts)"}
-    )
-    save_every: int = field(default=0, metadata={"help": "checkpoint every N steps (0 = only at the end)"})
-    keep_last: int = field(default=2, metadata={"help": "checkpoints kept on disk"})
-    resume: str = field(
-        default="none", metadata={"help": "none | auto (newest checkpoint in run_dir) | a path"}
-    )
-    val_every: int = field(default=0, metadata={"help": "validate every N steps (0 = before and after only)"})
-    val_groups: int = field(default=32, metadata={"help": "validation levels (fixed seeds)"})
-    val_group_size: int = field(default=1, metadata={"help": "episodes per validation level"})
-    val_temperature: float = field(
-        default=0.0, metadata={"help": "sampling temperature of validation (0 = greedy)"}
-    )
-    viz_every: int = field(default=0, metadata={"help": "write rollout GIFs + HTML every N steps (0 = off)"})
-    viz_episodes: int = field(default=4, metadata={"help": "episodes rendered each time"})
+    max_rollbacks: int = option(2, "rollbacks allowed before the run stops", ge=0)
+
+
+@dataclass
+class LoggingConfig:
+    """Where metrics go besides the console and metrics.jsonl."""
+
+    wandb: bool = option(False, "log to Weights & Biases (WANDB_MODE, offline by default; WANDB_PROJECT)")
 
 
 @dataclass
 class RunConfig:
     """One training run."""
 
-    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "checkpoints"})
-    env: EnvConfig = field(default_factory=EnvConfig, metadata={"help": "environment"})
-    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "StarPO rollout"})
-    algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "RL algorithm"})
-    optim: OptimConfig = field(default_factory=OptimConfig, metadata={"help": "optimizer"})
-    trainer: TrainerConfig = field(default_factory=TrainerConfig, metadata={"help": "the loop"})
-    alarms: AlarmConfig = field(default_factory=AlarmConfig, metadata={"help": "collapse alarms"})
-    logging: LoggingConfig = field(default_factory=LoggingConfig, metadata={"help": "metric sinks"})
-    sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "warm start (model.warm_start)"})
-    perception: PerceptionConfig = field(
-        default_factory=PerceptionConfig,
-        metadata={"help": "pretraining to read the images (vagen.perception)"},
-    )
+    model: ModelConfig = section(ModelConfig, "the checkpoint")
+    env: EnvConfig = section(EnvConfig, "environment")
+    rollout: RolloutConfig = section(RolloutConfig, "StarPO rollout")
+    algo: AlgoConfig = section(AlgoConfig, "RL algorithm")
+    optim: OptimConfig = section(OptimConfig, "RL optimizer")
+    trainer: TrainerConfig = section(TrainerConfig, "the loop")
+    alarms: AlarmConfig = section(AlarmConfig, "collapse alarms")
+    logging: LoggingConfig = section(LoggingConfig, "metric sinks")
+    warm_start: WarmStartConfig = section(WarmStartConfig, "supervised warm start before RL")
+    perception: PerceptionConfig = section(PerceptionConfig, "pretraining to read the images")
 
 
 def valid_keys(schema: type = RunConfig, prefix: str = "") -> list[str]:
@@ -291,27 +400,60 @@ def valid_keys(schema: type = RunConfig, prefix: str = "") -> list[str]:
     for f in fields(schema):
         key = prefix + f.name
         keys.append(key)
-        if is_dataclass(f.default_factory):
-            keys += valid_keys(f.default_factory, key + ".")
+        if f.default_factory is not MISSING and is_dataclass(sub := f.default_factory()):
+            keys += valid_keys(type(sub), key + ".")
     return keys
 
 
-def _nearest_key_hint(key: str) -> str:
+def _unknown_key_error(key: str) -> ConfigError:
+    for old, replacement in REMOVED_KEYS.items():
+        if key == old or key.startswith(old + "."):
+            return ConfigError(f"unknown config key '{key}': {replacement}")
     matches = difflib.get_close_matches(key, valid_keys(), n=1, cutoff=0.6)
-    return f" (did you mean '{matches[0]}'?)" if matches else ""
+    hint = f" (did you mean '{matches[0]}'?)" if matches else ""
+    return ConfigError(f"unknown config key '{key}'{hint}")
 
 
-def _config_error(err: OmegaConfBaseException, section: str = "") -> ConfigError:
+def _dotted_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every dotted key set in a YAML / override layer."""
+    if not isinstance(node, DictConfig):
+        return [prefix.rstrip(".")] if prefix else []
+    return [k for name in node for k in _dotted_keys(node._get_node(name), f"{prefix}{name}.")]
+
+
+def _check_removed(layer: DictConfig) -> None:
+    """A key of an older recipe stops with its replacement, named with the full key the user wrote."""
+    for key in _dotted_keys(layer):
+        if not key.startswith("env.env_kwargs.") and any(
+            key == old or key.startswith(old + ".") for old in REMOVED_KEYS
+        ):
+            raise _unknown_key_error(key)
+
+
+def _first_line(err: Exception) -> str:
+    lines = str(getattr(err, "msg", err)).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
+
+
+def _config_error(err: OmegaConfBaseException) -> ConfigError:
     """One line naming the key behind an OmegaConf error."""
-    key = ".".join(k for k in (section, str(getattr(err, "full_key", "") or "")) if k)
+    key = str(getattr(err, "full_key", "") or "")
     if isinstance(err, ConfigKeyError):
-        return ConfigError(f"unknown config key '{key}'{_nearest_key_hint(key)}")
+        return _unknown_key_error(key)
     if isinstance(err, MissingMandatoryValue):
         return ConfigError(f"missing required config value '{key}'")
     if isinstance(err, ValidationError):
-        message = str(getattr(err, "msg", err)).splitlines()[0]
-        return ConfigError(f"bad value for config key '{key}': {message}")
-    return ConfigError(f"config error at '{key}': {str(getattr(err, 'msg', err)).splitlines()[0]}")
+        return ConfigError(f"bad value for config key '{key}': {_first_line(err)}")
+    return ConfigError(f"config error at '{key}': {_first_line(err)}")
+
+
+def _parse_override(item: str) -> DictConfig:
+    if "=" not in item:
+        raise ConfigError(f"override '{item}' must look like key=value, e.g. trainer.steps=50")
+    try:
+        return OmegaConf.from_dotlist([item])
+    except (yaml.YAMLError, OmegaConfBaseException, ValueError) as err:
+        raise ConfigError(f"cannot parse override '{item}': {_first_line(err)}") from None
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
@@ -319,35 +461,36 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
 
     `trainer.run_dir` defaults to runs/<YAML file stem> (runs/default without a file).
     """
-    schema = OmegaConf.structured(RunConfig)
-    layers: list[DictConfig] = []
+    layers: list[tuple[str, DictConfig]] = []  # (where it comes from, its keys)
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        loaded = OmegaConf.load(path)
+        try:
+            loaded = OmegaConf.load(path)
+        except (yaml.YAMLError, OmegaConfBaseException) as err:
+            raise ConfigError(f"cannot parse {path}: {_first_line(err)}") from None
         if not isinstance(loaded, DictConfig):
             raise ConfigError(f"{path} must hold a mapping of sections (model, env, rollout, algo, ...)")
-        layers.append(loaded)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override '{item}' must look like key=value, e.g. trainer.steps=50")
-        layers.append(OmegaConf.from_dotlist([item]))
-    merged = schema
-    for layer in layers:
-        try:
-            merged = OmegaConf.merge(merged, layer)
-        except OmegaConfBaseException as err:
-            raise _config_error(err) from None
-    missing = sorted(OmegaConf.missing_keys(merged))
-    if missing:
-        raise ConfigError(f"missing required config value '{missing[0]}'")
+        layers.append((str(path), loaded))
+    layers += [(f"override '{item}'", _parse_override(item)) for item in overrides]
+    merged = OmegaConf.structured(RunConfig)
+    for _, layer in layers:
+        _check_removed(layer)
     try:
+        for source, layer in layers:
+            try:
+                merged = OmegaConf.merge(merged, layer)
+            except OmegaConfBaseException:
+                raise
+            except (TypeError, ValueError) as err:  # e.g. a list where a section or mapping belongs
+                raise ConfigError(f"cannot apply {source}: {_first_line(err)}") from None
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ConfigError(f"missing required config value '{missing[0]}'")
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise _config_error(err) from None
-    except ValueError as err:  # a section's own __post_init__ check
-        raise ConfigError(str(err).splitlines()[0]) from None
     if not cfg.trainer.run_dir:
         cfg.trainer.run_dir = str(Path("runs") / (path.stem if path is not None else "default"))
     validate(cfg)
@@ -367,117 +510,69 @@ def _require(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"bad value for config key '{key}': {message}")
 
 
+RANGE_CHECKS = {
+    "ge": (lambda v, b: v >= b, ">="),
+    "gt": (lambda v, b: v > b, ">"),
+    "le": (lambda v, b: v <= b, "<="),
+    "lt": (lambda v, b: v < b, "<"),
+}
+
+
+def _check_value(key: str, value: Any, metadata: dict) -> None:
+    """Finite numbers (also inside dicts and lists), and the field's declared choices and range."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            _check_value(f"{key}.{name}", item, {})
+        return
+    if isinstance(value, list):
+        _require("length" not in metadata or len(value) == metadata["length"], key,
+                 f"needs {metadata.get('length')} values, got {value}")  # fmt: skip
+        for item in value:
+            _check_value(key, item, {k: v for k, v in metadata.items() if k != "length"})
+        return
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, float):
+        _require(math.isfinite(value), key, f"must be a finite number, got {value}")
+    if "choices" in metadata:
+        _require(value in metadata["choices"], key, f"'{value}' is not one of {metadata['choices']}")
+    for check, (holds, symbol) in RANGE_CHECKS.items():
+        if check in metadata:
+            _require(holds(value, metadata[check]), key, f"must be {symbol} {metadata[check]}, got {value}")
+
+
+def check_fields(section: Any, prefix: str = "") -> None:
+    """Every field of `section` (recursively) against its metadata: one loop for all choices and ranges."""
+    for f in fields(section):
+        value = getattr(section, f.name)
+        if is_dataclass(value):
+            check_fields(value, f"{prefix}{f.name}.")
+        else:
+            _check_value(prefix + f.name, value, f.metadata)
+
+
 def validate(cfg: RunConfig) -> None:
-    """Checks across fields that types alone cannot express; raises ConfigError on the first problem."""
-    algo, optim, trainer = cfg.algo, cfg.optim, cfg.trainer
+    """Field checks from metadata, then the few checks across fields that need no registry."""
+    check_fields(cfg)
+    rollout, trainer = cfg.rollout, cfg.trainer
+    for key in ("loss_spans", "adv_spans"):
+        spans = getattr(rollout, key)
+        _require(
+            spans == "all" or (isinstance(spans, list) and spans and "all" not in spans),
+            f"rollout.{key}",
+            f"must be 'all' or a non-empty list of {SPAN_NAMES}, got {spans!r}",
+        )
     _require(
-        algo.adv in ADVANTAGE_ESTIMATORS,
-        "algo.adv",
-        f"'{algo.adv}' is not one of {sorted(ADVANTAGE_ESTIMATORS)}",
-    )
-    _require(
-        algo.loss_agg in LOSS_AGGREGATIONS,
-        "algo.loss_agg",
-        f"'{algo.loss_agg}' not in {sorted(LOSS_AGGREGATIONS)}",
-    )
-    _require(
-        algo.kl_kind in KL_ESTIMATORS, "algo.kl_kind", f"'{algo.kl_kind}' not in {sorted(KL_ESTIMATORS)}"
-    )
-    _require(
-        algo.filter.rule in GROUP_FILTERS,
-        "algo.filter.rule",
-        f"'{algo.filter.rule}' not in {sorted(GROUP_FILTERS)}",
-    )
-    _require(
-        not algo.kl_in_reward or needs_critic(cfg),
-        "algo.kl_in_reward",
-        f"a per-token KL reward needs a critic-based estimator, not '{algo.adv}' (use the KL loss term)",
-    )
-    _require(algo.critic in CRITIC_KINDS, "algo.critic", f"'{algo.critic}' not in {CRITIC_KINDS}")
-    _require(
-        algo.policy_loss in POLICY_UPDATES,
-        "algo.policy_loss",
-        f"'{algo.policy_loss}' not in {POLICY_UPDATES}",
-    )
-    mpo = algo.policy_loss == "mpo"
-    _require(
-        algo.critic == "model" or algo.adv in TURN_LEVEL_ESTIMATORS or mpo,
-        "algo.critic",
-        f"critic=state gives one value per turn; use it with {TURN_LEVEL_ESTIMATORS}, not '{algo.adv}'",
-    )
-    _require(
-        not mpo or algo.critic == "state",
-        "algo.critic",
-        "policy_loss=mpo needs Q(s, a) of every action: set algo.critic=state",
-    )
-    _require(
-        not mpo or cfg.env.max_actions_per_turn == 1,
-        "env.max_actions_per_turn",
-        f"policy_loss=mpo grades one action per turn: set it to 1, not {cfg.env.max_actions_per_turn}",
-    )
-    group_size = cfg.rollout.group_size
-    _require(
-        mpo or ADVANTAGE_ESTIMATORS[algo.adv].uses_critic or group_size >= 2,
+        cfg.algo.filter.keep == 1.0 or rollout.group_size >= 2,
         "rollout.group_size",
-        f"algo.adv={algo.adv} compares the episodes of a group, so a group of {group_size} gets no "
-        "advantage: play groups of >= 2 on one level (e.g. rollout.num_groups=32 rollout.group_size=8)",
+        f"the group filter (algo.filter.keep={cfg.algo.filter.keep}) ranks groups by the spread of their "
+        f"returns, which a group of {rollout.group_size} does not have: set rollout.group_size >= 2",
     )
     _require(
-        algo.filter.keep == 1.0 or group_size >= 2,
-        "rollout.group_size",
-        f"the group filter (algo.filter.keep={algo.filter.keep}) ranks groups by the spread of their "
-        f"returns, which a group of {group_size} does not have: set rollout.group_size >= 2",
+        rollout.chat_template is None or Path(rollout.chat_template).is_file(),
+        "rollout.chat_template",
+        f"file not found: {rollout.chat_template}",
     )
-    _require(algo.mpo_eta > 0.0, "algo.mpo_eta", f"must be > 0, got {algo.mpo_eta}")
-    _require(algo.mpo_mass_coef >= 0.0, "algo.mpo_mass_coef", f"must be >= 0, got {algo.mpo_mass_coef}")
-    _require(
-        0.0 < algo.mpo_mass_floor <= 1.0,
-        "algo.mpo_mass_floor",
-        f"must lie in (0, 1], got {algo.mpo_mass_floor}",
-    )
-    _require(
-        0.0 <= algo.mpo_uniform_mix < 1.0,
-        "algo.mpo_uniform_mix",
-        f"must lie in [0, 1), got {algo.mpo_uniform_mix}",
-    )
-    _require(algo.state_critic_steps >= 1, "algo.state_critic_steps", "must be >= 1")
-    _require(algo.state_critic_max_bytes >= 1, "algo.state_critic_max_bytes", "must be >= 1")
-    _require(
-        algo.state_critic_input in STATE_CRITIC_INPUTS,
-        "algo.state_critic_input",
-        f"must be one of {STATE_CRITIC_INPUTS}, got {algo.state_critic_input!r}",
-    )
-    _require(0.0 < algo.filter.keep <= 1.0, "algo.filter.keep", f"must be in (0, 1], got {algo.filter.keep}")
-    _require(algo.kl_coef >= 0.0, "algo.kl_coef", f"must be >= 0, got {algo.kl_coef}")
-    _require(algo.ppo_epochs >= 1, "algo.ppo_epochs", f"must be >= 1, got {algo.ppo_epochs}")
-    _require(algo.mini_batches >= 1, "algo.mini_batches", f"must be >= 1, got {algo.mini_batches}")
-    _require(
-        algo.dual_clip is None or algo.dual_clip > 1.0,
-        "algo.dual_clip",
-        f"must be > 1 or null, got {algo.dual_clip}",
-    )
-    _require(cfg.model.dtype in DTYPES, "model.dtype", f"'{cfg.model.dtype}' not in {DTYPES}")
-    warm_starts = ("none", *WARM_START_TEACHERS)
-    _require(
-        cfg.model.warm_start in warm_starts,
-        "model.warm_start",
-        f"'{cfg.model.warm_start}' not in {warm_starts}",
-    )
-    _require(len(optim.betas) == 2, "optim.betas", f"needs two values, got {optim.betas}")
-    _require(optim.max_grad_norm > 0.0, "optim.max_grad_norm", f"must be > 0, got {optim.max_grad_norm}")
-    _require(optim.warmup_steps >= 0, "optim.warmup_steps", f"must be >= 0, got {optim.warmup_steps}")
-    _require(
-        optim.lr_decay in LR_DECAYS, "optim.lr_decay", f"must be one of {LR_DECAYS}, got {optim.lr_decay!r}"
-    )
-    _require(trainer.steps >= 1, "trainer.steps", f"must be >= 1, got {trainer.steps}")
-    _require(trainer.micro_batch_size >= 1, "trainer.micro_batch_size", "must be >= 1")
-    _require(trainer.score_micro_batch_size >= 1, "trainer.score_micro_batch_size", "must be >= 1")
-    _require(
-        trainer.rollout_reuse >= 1, "trainer.rollout_reuse", f"must be >= 1, got {trainer.rollout_reuse}"
-    )
-    _require(trainer.keep_last >= 1, "trainer.keep_last", f"must be >= 1, got {trainer.keep_last}")
-    for key in ("save_every", "val_every", "viz_every"):
-        _require(getattr(trainer, key) >= 0, f"trainer.{key}", "must be >= 0")
     _require(
         trainer.resume in ("none", "auto") or Path(trainer.resume).is_dir(),
         "trainer.resume",
@@ -485,60 +580,9 @@ def validate(cfg: RunConfig) -> None:
     )
     _require(Path(trainer.deepspeed).is_file(), "trainer.deepspeed", f"file not found: {trainer.deepspeed}")
     _require(
-        cfg.alarms.policy in ALARM_POLICIES, "alarms.policy", f"'{cfg.alarms.policy}' not in {ALARM_POLICIES}"
-    )
-    _require(
-        cfg.logging.wandb_mode in ("offline", "online"), "logging.wandb_mode", "must be offline or online"
-    )
-
-
-def needs_critic(cfg: RunConfig) -> bool:
-    """Critic-based estimators (GAE family) and the mpo update train a critic; group-based ones do not."""
-    return cfg.algo.policy_loss == "mpo" or ADVANTAGE_ESTIMATORS[cfg.algo.adv].uses_critic
-
-
-@dataclass
-class DerivedSizes:
-    """Batch shapes computed once from the config and the world size, printed at start-up."""
-
-    world_size: int
-    groups_per_rank: int  # G / world: each rank rolls out its own share of the groups
-    rows_per_rank: int  # groups_per_rank * n (one row per episode without a window)
-    optimizer_steps_per_iteration: int  # ppo_epochs * mini_batches, whatever the filter keeps
-    micro_batches_per_step: int  # gradient accumulation steps, equal on every rank
-
-    def describe(self) -> str:
-        return (
-            f"world {self.world_size}: {self.groups_per_rank} groups = {self.rows_per_rank} rows per rank, "
-            f"{self.optimizer_steps_per_iteration} optimizer steps per iteration, "
-            f"{self.micro_batches_per_step} micro-batches per step"
-        )
-
-
-def derived_sizes(cfg: RunConfig, world_size: int) -> DerivedSizes:
-    """Per-rank shares and the gradient-accumulation count that keeps every rank in lock-step.
-
-    A mini-batch of one rank holds at most ceil(rows_per_rank / mini_batches) rows (fewer after the
-    filter), so ceil(that / micro_batch_size) micro-batches always suffice; ranks with fewer rows pad
-    with zero-weight micro-batches.
-    """
-    groups = cfg.rollout.num_groups
-    if groups % world_size:
-        raise ConfigError(
-            f"bad value for config key 'rollout.num_groups': {groups} groups do not split over "
-            f"{world_size} ranks"
-        )
-    rows = groups // world_size * cfg.rollout.group_size
-    # with a context window an episode spans up to max_turns rows
-    if cfg.rollout.window is not None:
-        rows *= cfg.rollout.max_turns
-    rows_per_mini_batch = math.ceil(rows / cfg.algo.mini_batches)
-    return DerivedSizes(
-        world_size=world_size,
-        groups_per_rank=groups // world_size,
-        rows_per_rank=rows,
-        optimizer_steps_per_iteration=cfg.algo.ppo_epochs * cfg.algo.mini_batches,
-        micro_batches_per_step=math.ceil(rows_per_mini_batch / cfg.trainer.micro_batch_size),
+        not (cfg.env.text_only and cfg.perception.enabled),
+        "perception.enabled",
+        "perception pretraining reads the env's images, but env.text_only is true",
     )
 
 

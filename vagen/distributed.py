@@ -1,5 +1,6 @@
 """The process group: joining it, where collective tensors live, and a global sum."""
 
+import math
 import os
 import socket
 
@@ -39,3 +40,16 @@ def global_sum(value: float) -> float:
     t = torch.tensor([float(value)], dtype=torch.float64, device=comm_device())
     dist.all_reduce(t)  # named reduction: SUM over ranks
     return float(t.item())
+
+
+def whiten_all_ranks(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the masked entries of every rank (named reduction: SUM of n, sum, sum sq)."""
+    m = mask.bool()
+    moments = torch.stack([m.sum().double(), x[m].double().sum(), (x[m].double() ** 2).sum()]).to(
+        comm_device()
+    )
+    dist.all_reduce(moments)
+    n, total, total_sq = moments.tolist()
+    mean = total / max(n, 1.0)
+    var = max(total_sq / max(n, 1.0) - mean**2, 0.0)
+    return torch.where(m, (x - mean) / math.sqrt(var + eps), 0.0)

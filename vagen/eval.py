@@ -28,7 +28,7 @@ def load_actor(cfg: RunConfig, checkpoint: Path | None):
     """(model, processor): the model RL starts from (`model.path` or its warm start), a checkpoint's
     full weights, or its LoRA adapter on that start."""
     from vagen.models.loading import load_policy, load_processor
-    from vagen.sft import warm_start_model
+    from vagen.pretrain import warm_start_model
 
     m = cfg.model
     load = dict(
@@ -50,13 +50,13 @@ def load_actor(cfg: RunConfig, checkpoint: Path | None):
 
 def evaluation_manager(cfg: RunConfig, checkpoint: Path | None = None) -> "RolloutManager":
     """A RolloutManager that plays the actor of `load_actor` (in eval mode) with the config's engine."""
-    from vagen.rollout.engines.base import make_engine
+    from vagen.rollout.engines import make_engine
     from vagen.rollout.manager import RolloutManager
 
     model, processor = load_actor(cfg, checkpoint)
     model.eval()
-    engine = make_engine(cfg.rollout.engine, model, processor, **cfg.rollout.engine_options())
-    return RolloutManager(cfg.env, cfg.rollout, engine, processor)
+    engine = make_engine(cfg.rollout.engine, model, processor, cfg.rollout)
+    return RolloutManager(cfg.env, cfg.rollout, engine, processor, seed=cfg.trainer.seed)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -92,9 +92,8 @@ def main(argv: list[str] | None = None) -> dict:
     )
     out.mkdir(parents=True, exist_ok=True)
     page = write_step_page(out, 0, episodes[: args.gifs], title="evaluation") if args.gifs else None
-    base = cfg.model.path + (
-        f" ({cfg.model.warm_start} warm start)" if cfg.model.warm_start != "none" else ""
-    )
+    teacher = cfg.warm_start.teacher
+    base = cfg.model.path + (f" ({teacher} warm start)" if teacher != "none" else "")
     result = {"checkpoint": str(args.checkpoint) if args.checkpoint else base, **asdict(summary)}
     (out / "summary.json").write_text(json.dumps(result, indent=1))
     print(

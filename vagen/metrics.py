@@ -19,7 +19,7 @@ from tqdm import tqdm
 from vagen.algo import kl, masked_entropy_mean, masked_mean, mean_group_return_std, template_score
 from vagen.algo.diagnostics import CollapseDetector
 from vagen.algo.losses import MIN_RETURN_VARIANCE
-from vagen.config import AlarmConfig, LoggingConfig, RunConfig
+from vagen.config import LoggingConfig, RunConfig
 from vagen.rollout.batch import RolloutBatch
 
 
@@ -158,19 +158,12 @@ ALARM_WATCHES = {
 
 
 class Alarms:
-    """One CollapseDetector per watched metric; `update` returns alarm/* metrics (1.0 = fired)."""
+    """One CollapseDetector per watched metric (its default thresholds: a spike is 3x the running median
+    of the last 20 steps after 5 of them, a drop stays below half the running max for 5 steps);
+    `update` returns alarm/* metrics (1.0 = fired)."""
 
-    def __init__(self, cfg: AlarmConfig) -> None:
-        self.detectors = {
-            key: CollapseDetector(
-                window=cfg.window,
-                spike_factor=cfg.spike_factor,
-                drop_fraction=cfg.drop_fraction,
-                drop_patience=cfg.drop_patience,
-                min_history=cfg.min_history,
-            )
-            for key in ALARM_WATCHES
-        }
+    def __init__(self) -> None:
+        self.detectors = {key: CollapseDetector() for key in ALARM_WATCHES}
 
     def update(self, metrics: dict[str, float]) -> dict[str, float]:
         fired = {}
@@ -224,9 +217,9 @@ class MetricsLogger:
         if cfg.wandb:
             import wandb
 
-            os.environ.setdefault("WANDB_MODE", cfg.wandb_mode)
+            os.environ.setdefault("WANDB_MODE", "offline")  # wandb's own variables choose: offline by default
             self.wandb_run = wandb.init(
-                project=cfg.wandb_project,
+                project=os.environ.get("WANDB_PROJECT", "vagen"),
                 name=Path(run_dir).name,
                 id=Path(run_dir).name,
                 resume="allow",

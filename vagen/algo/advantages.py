@@ -371,10 +371,8 @@ class AdvantageInputs:
 class AdvantageParams:
     """Hyper-parameters of the estimators (defaults: DESIGN.md)."""
 
-    gamma: float = 1.0  # discount of gae / turn_gae and of gigpo's step returns
-    lam: float = 1.0  # GAE lambda of gae / turn_gae
-    gamma_turn: float = 0.95  # bilevel_gae: discount between turns
-    lam_turn: float = 1.0  # bilevel_gae: lambda between turns
+    gamma: float = 1.0  # discount: per token (gae), per turn (turn_gae, bilevel_gae, gigpo's step returns)
+    lam: float = 1.0  # GAE lambda: per token (gae), per turn (turn_gae, bilevel_gae)
     gamma_token: float = 1.0  # bilevel_gae: discount within a turn
     lam_token: float = 1.0  # bilevel_gae: lambda within a turn
     norm_eps: float = 1e-6  # grpo / gigpo: added to the group std
@@ -404,8 +402,8 @@ def _bilevel_gae(inputs: AdvantageInputs, p: AdvantageParams) -> tuple[Tensor, T
         values,
         inputs.mask,
         inputs.turn_end,
-        p.gamma_turn,
-        p.lam_turn,
+        p.gamma,
+        p.lam,
         p.gamma_token,
         p.lam_token,
     )
@@ -444,12 +442,13 @@ class AdvantageEstimator:
 
     compute: Callable[[AdvantageInputs, AdvantageParams], tuple[Tensor, Tensor | None]]
     uses_critic: bool  # True: needs inputs.values and yields returns for the value loss
+    turn_level: bool = False  # True: its recursion runs over turns, so one value per turn suffices
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "gae": AdvantageEstimator(_gae, uses_critic=True),
-    "turn_gae": AdvantageEstimator(_turn_gae, uses_critic=True),
-    "bilevel_gae": AdvantageEstimator(_bilevel_gae, uses_critic=True),
+    "turn_gae": AdvantageEstimator(_turn_gae, uses_critic=True, turn_level=True),
+    "bilevel_gae": AdvantageEstimator(_bilevel_gae, uses_critic=True, turn_level=True),
     "grpo": AdvantageEstimator(_grpo, uses_critic=False),
     "rloo": AdvantageEstimator(_rloo, uses_critic=False),
     "gigpo": AdvantageEstimator(_gigpo, uses_critic=False),

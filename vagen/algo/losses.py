@@ -4,7 +4,7 @@
 even when they hold NaN or inf (they are replaced before any arithmetic, so no NaN gradient leaks
 through `0 * inf`). Losses compute in float32 (float64 stays float64). Each loss returns a small
 stats record of detached 0-dim tensors; `stats_to_floats` turns one into loggable floats.
-Variants are looked up by name: POLICY_LOSSES, LOSS_AGGREGATIONS, KL_ESTIMATORS.
+Variants are looked up by name: LOSS_AGGREGATIONS, KL_ESTIMATORS.
 """
 
 import dataclasses
@@ -56,10 +56,24 @@ def _seq_mean_token_mean(per_token: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(row_means, mask.any(dim=1))
 
 
-LOSS_AGGREGATIONS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "token-mean": _token_mean,
-    "seq-mean-token-sum": _seq_mean_token_sum,
-    "seq-mean-token-mean": _seq_mean_token_mean,
+@dataclass(frozen=True)
+class LossAggregation:
+    """A registry entry: `reduce(per_token (B, L), mask (B, L)) -> scalar`, and `per_row`: whether its
+    mean runs over rows (True) or over tokens (False), i.e. what a micro-batch's share of it counts."""
+
+    reduce: Callable[[Tensor, Tensor], Tensor]
+    per_row: bool
+
+    def units(self, mask: Tensor) -> Tensor:
+        """(B,) what each row contributes to the mean's denominator: its masked tokens, or 1 if it has any."""
+        mask = mask.bool()
+        return mask.any(dim=1).long() if self.per_row else mask.sum(dim=1)
+
+
+LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
+    "token-mean": LossAggregation(_token_mean, per_row=False),
+    "seq-mean-token-sum": LossAggregation(_seq_mean_token_sum, per_row=True),
+    "seq-mean-token-mean": LossAggregation(_seq_mean_token_mean, per_row=True),
 }
 
 
@@ -116,7 +130,7 @@ def ppo_policy_loss(
         dual_bound = -advantages * dual_clip
         dual_clipped = (advantages < 0) & (per_token > dual_bound)
         per_token = torch.where(dual_clipped, dual_bound, per_token)
-    loss = LOSS_AGGREGATIONS[agg](per_token, mask)
+    loss = LOSS_AGGREGATIONS[agg].reduce(per_token, mask)
 
     with torch.no_grad():
         has_tokens = mask.any()
@@ -130,11 +144,6 @@ def ppo_policy_loss(
             ratio_max=torch.where(has_tokens, torch.where(mask, ratio, -torch.inf).max(), 1.0),
         )
     return loss, stats
-
-
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, PolicyLossStats]]] = {
-    "ppo": ppo_policy_loss,
-}
 
 
 @dataclass

@@ -13,10 +13,8 @@ action names and a critic Q(s, .):
 eta (the temperature) is fixed here instead of MPO's dual for a KL bound; eps mixes in the uniform
 policy so that an action the policy has nearly stopped choosing can still be raised when Q says so.
 Unlike a sampled policy gradient, every turn grades all K actions, which is what lets a small policy
-learn to read its observation from far fewer samples (bench/results/learning_probe, round 10).
+learn to read its observation from far fewer samples (docs/research/probe-log.md, round 10).
 """
-
-import math
 
 import torch
 from torch import Tensor
@@ -53,21 +51,15 @@ def mpo_targets(q_values: Tensor, old_probs: Tensor, eta: float, uniform_mix: fl
     return torch.softmax(torch.log(prior) + advantages / eta, dim=-1)
 
 
-def action_target_loss(
-    candidate_logp: Tensor, targets: Tensor, mass_coef: float = 1.0, mass_floor: float = 1.0
-) -> Tensor:
-    """Mean over rows of -sum_a q(a) log pi(a) + mass_coef * max(log f - log m, 0), where candidate_logp
-    (N, K) are the full-vocabulary log-probs log p(a) at the K action tokens (they carry the gradient),
-    m = sum_a p(a) their mass, pi(a) = p(a) / m the policy over the K actions and f = mass_floor;
-    targets (N, K) are constants summing to 1 per row. With f = 1 the mass term is -mass_coef * log m on
-    every row, and mass_coef 1 makes the loss the cross-entropy -sum_a q(a) log p(a) over the whole
-    vocabulary; smaller mass_coef weakens that pull of mass onto the action tokens (0: only pi - q on the
-    K logits). f < 1 pulls only on the rows whose mass fell below f (a hinge): no map-independent
-    gradient while the reply format holds. 0 for N = 0 (still attached to the graph)."""
-    if not 0.0 < mass_floor <= 1.0:
-        raise ValueError(f"mass_floor must lie in (0, 1], got {mass_floor}")
+def action_target_loss(candidate_logp: Tensor, targets: Tensor, mass_coef: float = 1.0) -> Tensor:
+    """Mean over rows of -sum_a q(a) log pi(a) - mass_coef * log m, where candidate_logp (N, K) are the
+    full-vocabulary log-probs log p(a) at the K action tokens (they carry the gradient), m = sum_a p(a)
+    their mass and pi(a) = p(a) / m the policy over the K actions; targets (N, K) are constants summing
+    to 1 per row. mass_coef 1 makes the loss the cross-entropy -sum_a q(a) log p(a) over the whole
+    vocabulary; a smaller one weakens that pull of mass onto the action tokens (0: only pi - q on the K
+    logits). 0 for N = 0 (still attached to the graph)."""
     log_mass = candidate_logp.logsumexp(dim=-1)  # (N,)
     over_actions = candidate_logp - log_mass[:, None]
-    mass_shortfall = (math.log(mass_floor) - log_mass).clamp(min=0.0)  # (N,): -log m when f = 1
-    per_row = -(targets.detach() * over_actions).sum(dim=-1) + mass_coef * mass_shortfall  # (N,)
+    mass_loss = (-log_mass).clamp(min=0.0)  # (N,): -log m, >= 0 (float rounding can put m above 1)
+    per_row = -(targets.detach() * over_actions).sum(dim=-1) + mass_coef * mass_loss  # (N,)
     return per_row.sum() / max(per_row.numel(), 1)

@@ -10,6 +10,7 @@ Gradients flow when called outside `torch.no_grad()`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -137,3 +138,21 @@ def token_values(
         length = ids.shape[1]
         values[rows, 1:length] = critic(ids, mask, row_vision)[:, :-1] * mask[:, 1:]
     return values
+
+
+@dataclass
+class Scores:
+    """A batch's per-token scores, (B, L) float32 each ((B, L, K) for the action log-probs)."""
+
+    old_logp: torch.Tensor  # actor at rollout time
+    entropy: torch.Tensor  # actor's entropy at rollout time
+    ref_logp: torch.Tensor | None  # frozen reference
+    values: torch.Tensor | None  # a V critic's (a Q critic scores no tokens)
+    action_logp: torch.Tensor | None = None  # the actor's log-probs of every action token (mpo)
+
+    def select(self, rows: torch.Tensor) -> Scores:
+        return Scores(*(None if t is None else t[rows] for t in vars(self).values()))
+
+    def trim(self, length: int) -> Scores:
+        """Every field cut to its first `length` tokens."""
+        return Scores(*(None if t is None else t[:, :length] for t in vars(self).values()))

@@ -179,6 +179,12 @@ class RolloutBatch:
         )
         return RolloutBatch(vision=vision, episodes=[self.episodes[e] for e in old_episodes], **picked)
 
+    def trim(self, length: int) -> RolloutBatch:
+        """Every (B, L) field cut to its first `length` tokens (rows right-padded beyond their longest)."""
+        width = self.input_ids.shape[1]
+        cut = {name: v[:, :length] for name, v in self._tensor_fields().items() if v.shape[1:] == (width,)}
+        return replace(self, **cut)
+
     def to(self, device: torch.device | str) -> RolloutBatch:
         moved = {name: value.to(device) for name, value in self._tensor_fields().items()}
         vision = self.vision.to(device) if self.vision is not None else None

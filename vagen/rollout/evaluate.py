@@ -1,9 +1,14 @@
 """Evaluation on validation levels: success rate with a Wilson 95% interval, returns, turns, invalid actions,
-pass@k. `summarize` is a pure function of episode records; `evaluate` plays the episodes first."""
+pass@k. `summarize` is a pure function of episode records; `evaluate` plays the episodes first; `validate`
+is the trainer's validation, every rank playing its share."""
 
 import math
 from dataclasses import asdict, dataclass
 
+import torch
+import torch.distributed as dist
+
+from vagen.distributed import comm_device
 from vagen.rollout.batch import EpisodeRecord
 from vagen.rollout.manager import RolloutManager
 
@@ -85,3 +90,29 @@ def evaluate(
     """Play `num_levels` validation levels x `group_size` tries each; returns the summary and the episodes."""
     episodes = manager.validation_episodes(num_levels, group_size, temperature)
     return summarize(episodes), episodes
+
+
+def validate(
+    manager: RolloutManager, levels: int, group_size: int, temperature: float, rank: int, world: int
+) -> dict[str, float]:
+    """val/* metrics on the first `levels` validation levels x `group_size` tries, played by all ranks
+    (each its share), with a 95% Wilson interval of the success rate."""
+    seeds = manager.seeds.validation(levels, group_size)
+    episodes = manager.play_episodes(seeds[rank::world], temperature=temperature)
+    counts = [
+        sum(ep.success for ep in episodes),
+        len(episodes),
+        sum(ep.episode_return for ep in episodes),
+        sum(len(ep.turns) for ep in episodes),
+    ]
+    totals = torch.tensor(counts, dtype=torch.float64, device=comm_device())
+    dist.all_reduce(totals)  # named reduction: SUM of successes, episodes, returns, turns
+    wins, n, total_return, total_turns = totals.cpu().tolist()
+    low, high = wilson_interval(int(wins), int(n))
+    return {
+        "val/success_rate": wins / n,
+        "val/success_ci_low": low,
+        "val/success_ci_high": high,
+        "val/return_mean": total_return / n,
+        "val/turns_mean": total_turns / n,
+    }

@@ -19,9 +19,9 @@ import gymnasium as gym
 
 import envs_visual  # noqa: F401  (registers the environments)
 from envs_visual.language import LanguageEnv
+from vagen.config import EnvConfig, RolloutConfig
 from vagen.rollout.assembly import ChatCodec, EpisodeAssembler
 from vagen.rollout.batch import EpisodeRecord, RolloutBatch, TurnRecord, build_batch
-from vagen.rollout.config import EnvConfig, RolloutConfig
 from vagen.rollout.engines.base import Generation, GenerationEngine, Prompt, SamplingParams
 from vagen.rollout.reasoning import score_reasoning
 from vagen.rollout.seeds import EpisodeSeeds, SeedSchedule, derive_seed
@@ -70,9 +70,12 @@ def episode_assembler(
     )
 
 
-def layout_probe(cfg: EnvConfig) -> Callable[[int], str]:
-    """seed -> the layout key of the level that seed makes (one private env, reset only)."""
+def layout_probe(cfg: EnvConfig) -> Callable[[int], str] | None:
+    """seed -> the layout key of the level that seed makes (one private env, reset only); None for an env
+    without `layout_key`, whose levels are then split by seed range alone."""
     env = gym.make(cfg.env_id, **cfg.env_kwargs)
+    if not hasattr(env.unwrapped, "layout_key"):
+        return None
 
     def layout_of(seed: int) -> str:
         env.reset(seed=seed)
@@ -81,15 +84,9 @@ def layout_probe(cfg: EnvConfig) -> Callable[[int], str]:
     return layout_of
 
 
-def seed_schedule(env_cfg: EnvConfig, cfg: RolloutConfig) -> SeedSchedule:
-    """The run's level seeds; with `holdout_val_layouts`, validation layouts never appear in training."""
-    return SeedSchedule(
-        cfg.seed,
-        cfg.train_seed_start,
-        cfg.val_seed_start,
-        layout_of=layout_probe(env_cfg) if cfg.holdout_val_layouts else None,
-        val_layout_share=cfg.val_layout_share,
-    )
+def seed_schedule(env_cfg: EnvConfig, seed: int) -> SeedSchedule:
+    """The level seeds of a run with base seed `seed`: validation layouts never appear in training."""
+    return SeedSchedule(seed, layout_of=layout_probe(env_cfg))
 
 
 def read_chat_template(path: str | None) -> str | None:
@@ -125,13 +122,19 @@ class RolloutManager:
     """
 
     def __init__(
-        self, env_cfg: EnvConfig, cfg: RolloutConfig, engine: GenerationEngine, processor_or_tokenizer
+        self,
+        env_cfg: EnvConfig,
+        cfg: RolloutConfig,
+        engine: GenerationEngine,
+        processor_or_tokenizer,
+        seed: int = 0,
     ) -> None:
         self.env_cfg = env_cfg
         self.cfg = cfg
         self.engine = engine
+        self.seed = seed  # of the sampling and (through the seed schedule) of the env dynamics
         self.codec = ChatCodec(processor_or_tokenizer, read_chat_template(cfg.chat_template))
-        self.seeds = seed_schedule(env_cfg, cfg)
+        self.seeds = seed_schedule(env_cfg, seed)
         self.envs: list[LanguageEnv] = []
         check_random_start(env_cfg, cfg.random_start, "rollout.random_start")
         self.timings: dict[str, float] = {}
@@ -158,7 +161,7 @@ class RolloutManager:
             stop_token_ids=list(self.codec.stop_token_ids),
             banned_token_ids=sorted(self.codec.banned_token_ids),
             # Keyed by the levels played: a rollout is reproducible, validation replays the same draws.
-            seed=derive_seed(self.cfg.seed, episode_seeds[0].level, len(episode_seeds), turn),
+            seed=derive_seed(self.seed, episode_seeds[0].level, len(episode_seeds), turn),
         )
 
     def collect(

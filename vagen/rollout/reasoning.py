@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from envs_visual import facts
-from vagen.rollout.config import EnvConfig
+from vagen.config import EnvConfig
 
 Fact = tuple[str, str]
 
@@ -30,6 +30,10 @@ RELATION_OF = {
     **EXTRA_RELATION_WORDS,
 }
 SENTENCE_SPLIT = re.compile(r"[.;!?\n]+")
+# A description repeated word for word within an episode while scoring below TEMPLATE_SCORE_THRESHOLD
+# (F1) costs TEMPLATE_PENALTY: a template pasted turn after turn earns no grounding reward.
+TEMPLATE_PENALTY = 0.1
+TEMPLATE_SCORE_THRESHOLD = 0.5
 
 
 def _pattern(phrases: Iterable[str]) -> re.Pattern[str]:
@@ -105,9 +109,9 @@ def score_reasoning(
 ) -> ReasoningScore:
     """Grounding (<observation> vs facts before the step) and world modeling (<prediction> vs after).
 
-    reward = w_g * F1_obs + w_w * F1_pred - penalty. The penalty (cfg.template_penalty) applies once per
+    reward = w_g * F1_obs + w_w * F1_pred - penalty. The penalty (TEMPLATE_PENALTY) applies once per
     description that repeats, word for word, one given earlier in the episode while scoring below
-    cfg.template_score_threshold (only for tags whose weight is non-zero). `seen_descriptions` is the
+    TEMPLATE_SCORE_THRESHOLD (only for tags whose weight is non-zero). `seen_descriptions` is the
     episode's memory and is updated here. Tags the prompt format never asks for score None and
     contribute nothing.
     """
@@ -124,8 +128,8 @@ def score_reasoning(
         if score is None or weight == 0 or not texts.get(tag):
             continue
         key = f"{tag}:{_normalized(texts[tag])}"
-        if key in seen_descriptions and score < cfg.template_score_threshold:
-            penalty += cfg.template_penalty
+        if key in seen_descriptions and score < TEMPLATE_SCORE_THRESHOLD:
+            penalty += TEMPLATE_PENALTY
         seen_descriptions.add(key)
     reward = cfg.grounding_reward_weight * (grounding or 0.0) + cfg.worldmodel_reward_weight * (
         worldmodel or 0.0

@@ -20,6 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+TRAIN_SEED_START = 0  # training level seeds count up from here ...
+VAL_SEED_START = 10**9  # ... and never reach the validation ones
+VAL_LAYOUT_SHARE = 0.2  # share of the layouts held out for validation
+
 
 def is_held_out(layout: str, share: float) -> bool:
     """Whether a layout belongs to validation: a uniform hash of the layout text, below `share`."""
@@ -56,10 +60,10 @@ class SeedSchedule:
     def __init__(
         self,
         base_seed: int,
-        train_start: int,
-        val_start: int,
+        train_start: int = TRAIN_SEED_START,
+        val_start: int = VAL_SEED_START,
         layout_of: Callable[[int], str] | None = None,
-        val_layout_share: float = 0.2,
+        val_layout_share: float = VAL_LAYOUT_SHARE,
     ) -> None:
         if train_start >= val_start:
             raise ValueError(
@@ -92,7 +96,7 @@ class SeedSchedule:
             if self._next_val_seed - self.val_start > 1000 * num_groups:
                 raise RuntimeError(
                     f"found only {len(self._val_levels)} held-out levels in {1000 * num_groups} seeds: "
-                    "does the env have so few layouts? Raise rollout.val_layout_share"
+                    "does the env have so few layouts?"
                 )
             seed, self._next_val_seed = self._next_val_seed, self._next_val_seed + 1
             if self.held_out(seed):

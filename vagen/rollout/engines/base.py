@@ -14,7 +14,7 @@ engine seeds the whole `generate` call, so equal seeds give equal samples for th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from PIL import Image
@@ -84,17 +84,3 @@ def cut_at_stop(token_ids: list[int], logprobs: list[float], stop_ids: set[int])
         if token_id in stop_ids:
             return Generation(token_ids[: position + 1], logprobs[: position + 1], "stop")
     return Generation(token_ids, logprobs, "length")
-
-
-def make_engine(name: str, model: torch.nn.Module, processor: Any, **options: Any) -> GenerationEngine:
-    """The engine `name`: "hf" (batched transformers generate on `model` itself) or "vllm" (in-process
-    vLLM loaded from the directory `model` came from, options: see VLLMEngine; `sync_weights` updates it)."""
-    if name == "hf":
-        from vagen.rollout.engines.hf import HFEngine
-
-        return HFEngine(model, processor, **options)
-    if name == "vllm":
-        from vagen.rollout.engines.vllm import VLLMEngine
-
-        return VLLMEngine(model, processor, **options)
-    raise ValueError(f"unknown engine {name!r}; choose 'hf' or 'vllm'")

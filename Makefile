@@ -30,4 +30,4 @@ bench: setup
 	@for f in bench/*_bench.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
 train: setup
-	$(PY) vagen/train.py --config configs/frozenlake_tiny.yaml
+	$(PY) vagen/train.py --config configs/frozenlake_quickstart_tiny.yaml

@@ -112,9 +112,11 @@ def test_ppo_policy_loss_edge_cases():
 
 def test_aggregation_units_count_tokens_or_rows():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)
-    assert LOSS_AGGREGATIONS["token-mean"].units(mask).tolist() == [2, 0, 3]
-    assert LOSS_AGGREGATIONS["seq-mean-token-sum"].units(mask).tolist() == [1, 0, 1]
-    assert LOSS_AGGREGATIONS["seq-mean-token-mean"].units(mask).tolist() == [1, 0, 1]
+    rows = torch.arange(3)  # each row its own episode
+    assert LOSS_AGGREGATIONS["token-mean"].units(mask, rows).tolist() == [2, 0, 3]
+    assert LOSS_AGGREGATIONS["seq-mean-token-sum"].units(mask, rows).tolist() == [1, 0, 1]
+    assert LOSS_AGGREGATIONS["seq-mean-token-mean"].units(mask, rows).tolist() == [1, 0, 1]
+    assert LOSS_AGGREGATIONS["episode-mean"].units(mask, rows).tolist() == [1, 0, 1]
 
 
 def test_value_loss_hand_computed():
@@ -184,3 +186,62 @@ def test_entropy_dtypes_and_extremes():
     assert entropy.dtype == torch.float32 and entropy.shape == (2,)
     assert_close(entropy, [0.0, math.log(3)], atol=1e-3)
     assert entropy_from_logits(torch.zeros(0, 4)).shape == (0,)
+
+
+def group_with_unequal_turns():
+    """One group of 8 episodes, one row each: 2 successes (return 10) in 2 and 3 turns, 6 failures in 10
+    turns. Each turn is 3 sampled tokens, the middle one a shared, deterministic format token."""
+    from vagen.algo import AdvantageInputs
+
+    turns = [2, 3] + [10] * 6
+    length = 3 * max(turns)
+    mask = torch.zeros(8, length, dtype=torch.bool)
+    turn_end = torch.zeros(8, length, dtype=torch.bool)
+    for e, t in enumerate(turns):
+        mask[e, : 3 * t] = True
+        turn_end[e, 2 : 3 * t : 3] = True
+    returns = torch.tensor([10.0, 10.0] + [0.0] * 6)
+    rewards = torch.where(turn_end & (torch.arange(8)[:, None] < 2), 10.0 / torch.tensor(turns)[:, None], 0.0)
+    keys = [[f"episode {e} turn {t}" for t in range(n)] for e, n in enumerate(turns)]  # no state repeats
+    inputs = AdvantageInputs(rewards, mask, turn_end, torch.zeros(8, dtype=torch.long), returns, None, keys)
+    format_token = torch.zeros_like(mask)
+    format_token[:, 1::3] = True
+    return inputs, format_token & mask
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "gigpo"])
+def test_the_default_aggregation_of_episode_advantages_leaves_a_shared_token_alone(estimator):
+    """Failures run out their turns and successes stop early, so a token mean over all tokens gives the
+    shared format token a net push (down, here); the per-episode mean cancels it."""
+    from vagen.algo import ADVANTAGE_ESTIMATORS, AdvantageParams
+
+    inputs, format_token = group_with_unequal_turns()
+    entry = ADVANTAGE_ESTIMATORS[estimator]
+    advantages, _ = entry.compute(inputs, AdvantageParams())
+    assert entry.aggregation == "episode-mean"
+
+    def format_token_gradient(agg: str) -> float:
+        theta = torch.zeros((), requires_grad=True)  # the format token's log-prob, shared by every turn
+        logp = torch.where(format_token, theta, torch.full(inputs.mask.shape, -0.5))
+        units = LOSS_AGGREGATIONS[agg].units(inputs.mask, torch.arange(8))
+        loss, _ = ppo_policy_loss(logp, logp.detach(), advantages, inputs.mask, agg=agg, units=units)
+        loss.backward()
+        return theta.grad.item()
+
+    assert abs(format_token_gradient("episode-mean")) <= 1e-6
+    assert format_token_gradient("token-mean") > 0.05  # the defect: every batch pushes the format down
+
+
+def test_episode_mean_over_micro_batches_and_split_episodes_is_the_whole_batch_mean():
+    # rows 0, 1 are one episode's two segments (2 + 1 loss tokens), row 2 another episode (2 tokens)
+    per_token = torch.tensor([[1.0, 2.0, 0.0], [4.0, 0.0, 0.0], [10.0, 20.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 0]], dtype=torch.bool)
+    episodes = torch.tensor([0, 0, 1])
+    agg = LOSS_AGGREGATIONS["episode-mean"]
+    units = agg.units(mask, episodes)
+    assert_close(units, torch.tensor([2 / 3, 1 / 3, 1.0], dtype=torch.float64))
+    whole = agg.reduce(per_token, mask, units)
+    assert_close(whole, torch.tensor((7 / 3 + 15) / 2))  # episode means 7/3 and 15, averaged
+    parts = [[0], [1, 2]]  # micro-batches, weighted by their share of the units (the trainer's plan)
+    split = sum(agg.reduce(per_token[p], mask[p], units[p]) * units[p].sum() / units.sum() for p in parts)
+    assert_close(split.float(), whole)

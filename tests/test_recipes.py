@@ -38,6 +38,7 @@ def test_the_recipe_set_is_complete():
     names = {path.stem for path in RECIPES}
     expected = {
         "frozenlake_tiny",
+        "frozenlake_quickstart_tiny",
         "frozenlake_mpo_tiny",
         "frozenlake_text_mpo_tiny",
         "frozenlake_slippery_mpo_tiny",
@@ -66,7 +67,10 @@ def test_every_recipe_validates_with_an_absent_model_directory(path, tmp_path):
 def test_tiny_recipes_resolve_their_model_and_warm_start(path, tiny_vlm_path, tiny_text_path):
     cfg = load_config(path)
     model_dir = resolve_model_path(cfg.model.path)
-    assert model_dir == (tiny_text_path if cfg.env.text_only else tiny_vlm_path)
+    if cfg.model.path.startswith("assets/perception/"):  # a shipped perception-pretrained tiny VLM
+        assert load_policy(model_dir)[0].config.text_config.hidden_size == 128
+    else:
+        assert model_dir == (tiny_text_path if cfg.env.text_only else tiny_vlm_path)
     teacher = cfg.warm_start.teacher
     if teacher != "none":
         assert warm_start_dir(cfg.model.path, cfg.env, cfg.rollout, cfg.warm_start).name.startswith(
@@ -148,6 +152,21 @@ def test_mpo_recipes_keep_the_measured_settings():
     assert visual.perception.enabled and not text.perception.enabled  # the visual policy starts able to see
 
 
+def test_quickstart_is_the_visual_mpo_recipe_from_the_shipped_perception_model():
+    """`make train` (docs/results.md#make-train): frozenlake_mpo_tiny's update, started from the shipped
+    model that reads flat-tile FrozenLake, validated on 128 held-out levels every 5 of its 20 iterations."""
+    quick, base = recipe("frozenlake_quickstart_tiny"), recipe("frozenlake_mpo_tiny")
+    assert (
+        quick.model.path == "assets/perception/frozenlake_slippery_mpo_tiny" and not quick.perception.enabled
+    )
+    assert asdict(quick.algo) == asdict(base.algo) and quick.optim == base.optim
+    assert asdict(quick.env) == asdict(base.env) and asdict(quick.rollout) == asdict(base.rollout)
+    assert quick.warm_start == base.warm_start
+    assert (quick.trainer.steps, quick.trainer.val_groups, quick.trainer.val_every) == (20, 128, 5)
+    makefile = (REPO / "Makefile").read_text()
+    assert "vagen/train.py --config configs/frozenlake_quickstart_tiny.yaml" in makefile
+
+
 def test_sokoban_and_slippery_mpo_recipes_change_only_what_their_task_needs():
     """sokoban_mpo_tiny and frozenlake_slippery_mpo_tiny are frozenlake_mpo_tiny on another env: Sokoban
     with all of it (perception pretraining, exploring starts); slippery FrozenLake with 16 turns, gamma
@@ -191,6 +210,9 @@ def test_vagen_3b_recipes_keep_the_published_settings(name):
     assert r.num_groups * r.group_size == 128  # data.train_batch_size x n_trajectory
     assert r.num_groups * r.group_size // cfg.algo.mini_batches == 32  # ppo_mini_batch_size
     assert (cfg.algo.kl_coef, cfg.optim.actor_lr) == (0.001, 1e-6)
+    # VAGEN's update: entropy 0.001, the loss averaged per trajectory, GAE advantages whitened
+    assert (cfg.algo.entropy_coef, cfg.algo.loss_agg) == (0.001, "episode-mean")
+    assert cfg.algo.whiten_advantages == (cfg.algo.adv != "grpo")
     assert cfg.env.prompt_format == "grounding_worldmodeling"
     assert (cfg.env.grounding_reward_weight, cfg.env.worldmodel_reward_weight) == (0.5, 0.5)
     assert derived_sizes(cfg, world_size=4).groups_per_rank * 4 == r.num_groups  # 4 GPUs as published

@@ -271,3 +271,17 @@ def test_tiny_vlm_rollout_scores_back_to_the_sampled_logprobs(
     sampled = batch.loss_mask
     assert (banned_mass[:, :-1][sampled[:, 1:]] > 1e-3).all()  # the correction is not negligible
     assert torch.allclose(renormalised[sampled], batch.rollout_logprobs[sampled], atol=1e-3)
+
+
+def test_blank_image_episodes_replay_the_levels_with_black_frames(processor):
+    m = manager(processor, [GOOD], max_turns=2)
+    seeds = m.seeds.validation(2, 1)
+    seen = m.play_episodes(seeds)
+    real_calls = len(m.engine.calls)
+    blank = m.play_episodes(seeds, blank_images=True)
+    real_prompts, blank_prompts = m.engine.calls[0], m.engine.calls[real_calls]
+    assert all(np.asarray(image).any() for p in real_prompts for image in p.images)
+    assert all(not np.asarray(image).any() for p in blank_prompts for image in p.images)
+    assert [p.token_ids for p in blank_prompts] == [p.token_ids for p in real_prompts]  # only pixels differ
+    assert [ep.level_seed for ep in blank] == [ep.level_seed for ep in seen]
+    assert blank[0].turns[0].frame.any()  # the records keep the true frames (GIFs show the real state)

@@ -80,6 +80,7 @@ def test_two_step_run(tmp_path, adv, critic):
     assert not undocumented, f"define these in docs/metrics.md: {sorted(undocumented)}"
     assert 0.0 <= summary["val_after"]["val/success_ci_low"] <= summary["val_after"]["val/success_rate"]
     assert "val/success_rate" in lines[0] and "val/success_rate" in lines[2]
+    assert "val/success_rate_blank_image" in lines[0] and "val/success_rate_blank_image" in lines[2]
     assert lines[0]["time/torch_threads"] == torch.get_num_threads()
     final = tmp_path / "checkpoints" / "step_000002"
     assert (final / "actor" / "model.safetensors").is_file() and (final / "trainer_state.json").is_file()

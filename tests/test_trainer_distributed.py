@@ -1,7 +1,8 @@
 """Two CPU processes (gloo) give the same parameters after one update as one process on the same data.
 
 The same file is the worker: `torchrun --nproc_per_node 2 tests/test_trainer_distributed.py OUT CRITIC`
-runs `one_update` on each rank, with the value-model critic (gae) or the state critic (turn_gae).
+runs `one_update` on each rank, with the value-model critic (gae), the state critic (turn_gae) or no
+critic (grpo, whose per-episode loss mean is then weighed across micro-batches and ranks).
 Every rank plays the same 4 episodes (same model, seeds and sampling) and gives them fixed rewards;
 each rank then keeps its own share of the groups, as in training, and the filter, advantages and one
 DeepSpeed update run on the shares."""
@@ -45,11 +46,11 @@ def one_update(out_path: str, critic_kind: str) -> None:
         "rollout.max_turns=2", "rollout.max_new_tokens=12", "algo.mini_batches=1", "algo.kl_coef=0.01",
         "trainer.micro_batch_size=1", "optim.actor_lr=1.0", "optim.critic_lr=1.0", "optim.warmup_steps=0",
     ]  # fmt: skip
-    overrides += (
-        ["algo.adv=gae"]
-        if critic_kind == "model"
-        else ["algo.adv=turn_gae", "algo.critic=state", "algo.state_critic_steps=2"]
-    )
+    overrides += {
+        "model": ["algo.adv=gae"],
+        "state": ["algo.adv=turn_gae", "algo.critic=state", "algo.state_critic_steps=2"],
+        "none": ["algo.adv=grpo"],
+    }[critic_kind]
     cfg = load_config(REPO / "configs/frozenlake_tiny.yaml", overrides)
     sizes = derived_sizes(cfg, world)
     update = POLICY_UPDATES[cfg.algo.policy_loss]
@@ -74,13 +75,16 @@ def one_update(out_path: str, critic_kind: str) -> None:
     generator = torch.Generator().manual_seed(0)
     optimize(update, models, kept, kept_scores, plan, share.select([0]), cfg, sizes, generator, stats)
     reduced = stats.reduce()
-    critic_metric = "critic/grad_norm" if critic_kind == "model" else "critic/vf_loss"
-    grad_norms = torch.tensor([reduced["actor/grad_norm"], reduced[critic_metric]], dtype=torch.float64)
+    second = {"model": "critic/grad_norm", "state": "critic/vf_loss", "none": "actor/grad_norm"}[critic_kind]
+    grad_norms = torch.tensor([reduced["actor/grad_norm"], reduced[second]], dtype=torch.float64)
     actor = {
         f"actor.{k}": v.detach().clone().contiguous() for k, v in models.actor.module.state_dict().items()
     }
-    value_fn = models.critic.module if critic_kind == "model" else models.state_critic
-    critic = {f"critic.{k}": v.detach().clone().contiguous() for k, v in value_fn.state_dict().items()}
+    value_fn = {"model": models.critic and models.critic.module, "state": models.state_critic}.get(
+        critic_kind
+    )
+    weights = value_fn.state_dict().items() if value_fn is not None else []
+    critic = {f"critic.{k}": v.detach().clone().contiguous() for k, v in weights}
     if rank == 0:
         save_file(actor | critic | {"grad_norms": grad_norms}, out_path)
     dist.barrier()
@@ -92,7 +96,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("critic_kind", ["model", "state"])
+@pytest.mark.parametrize("critic_kind", ["model", "state", "none"])
 def test_two_processes_match_one_process_after_one_update(tmp_path, critic_kind):
     env = os.environ | {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     outputs = {}

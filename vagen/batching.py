@@ -75,6 +75,7 @@ class MicroBatch:
     adv: torch.Tensor | None  # (b, l)
     returns: torch.Tensor | None  # (b, l)
     targets: torch.Tensor | None  # (b, l, K): mpo's q(.|s) at the action tokens
+    policy_units: torch.Tensor | None  # (b,) each row's units of the policy loss's mean
     policy_weight: float  # scale of the policy-loss term (module docstring)
     token_weight: float  # scale of the token-mean terms (entropy, KL) of the actor
     value_weight: float  # scale of the model critic's token-mean loss
@@ -162,7 +163,7 @@ def plan_micro_batches(
     plan = []
     for rows in micro_batches(mini, lengths, micro_batch_size, count):
         if not len(rows):
-            plan.append(MicroBatch(pad_row, None, None, None, None, 0.0, 0.0, 0.0))
+            plan.append(MicroBatch(pad_row, None, None, None, None, None, 0.0, 0.0, 0.0))
             continue
         length = int(lengths[rows].max())
         part = batch.select(rows).trim(length)
@@ -173,6 +174,7 @@ def plan_micro_batches(
                 adv=advantages[rows, :length],
                 returns=None if returns is None else returns[rows, :length],
                 targets=None if targets is None else targets[rows, :length],
+                policy_units=policy_units[rows],
                 policy_weight=scale * (policy_units[rows].sum().item() / max(totals.policy_units, 1)),
                 token_weight=scale * part.loss_mask.sum().item() / max(totals.loss_tokens, 1),
                 value_weight=scale * part.adv_mask.sum().item() / max(totals.value_tokens, 1),

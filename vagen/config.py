@@ -28,7 +28,7 @@ from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBas
 # check each tuple against its registry (vagen.algo, vagen.updates, envs_visual.language, ...).
 ADVANTAGE_ESTIMATORS = ("gae", "turn_gae", "bilevel_gae", "grpo", "rloo", "gigpo")
 POLICY_UPDATES = ("ppo", "mpo")
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "episode-mean")
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
 GROUP_FILTERS = ("top_std_fraction", "top_p_variance")
 CRITICS = ("model", "state")
@@ -287,7 +287,11 @@ class AlgoConfig:
     clip_low: float = option(0.2, "PPO ratio clip below 1", gt=0, lt=1)
     clip_high: float = option(0.2, "PPO ratio clip above 1 (clip-higher if larger)", gt=0)
     dual_clip: float | None = option(None, "dual-clip bound c > 1 for A < 0; None = off", gt=1)
-    loss_agg: str = option("token-mean", "how token losses are averaged", choices=LOSS_AGGREGATIONS)
+    loss_agg: str = option(
+        "auto",
+        "how token losses are averaged; auto: episode-mean for grpo, rloo, gigpo, else token-mean",
+        choices=("auto", *LOSS_AGGREGATIONS),
+    )
     entropy_coef: float = option(0.0, "entropy bonus weight in the actor loss", ge=0)
     kl_coef: float = option(0.001, "weight of KL(actor || reference); 0 = no reference", ge=0)
     kl_kind: str = option("k3", "KL estimator", choices=KL_ESTIMATORS)

@@ -1,5 +1,6 @@
 """The short report at the end of a training run: what changed, where to look, what to run next."""
 
+import math
 from pathlib import Path
 
 from vagen import checkpoint
@@ -13,16 +14,33 @@ def describe_validation(v: dict[str, float]) -> str:
 
 
 def end_of_run_report(
-    run_dir: str | Path, steps: int, episodes: int, val_before: dict[str, float], val_after: dict[str, float]
+    run_dir: str | Path,
+    steps: int,
+    episodes: int,
+    val_before: dict[str, float],
+    val_after: dict[str, float],
+    algorithm: str = "",
 ) -> list[str]:
-    """Write `<run_dir>/learning_curve.png` and return the report's lines (success before/after with
-    95% CIs, the curve, the rollout viewer, and the commands to resume, evaluate, or go to a GPU)."""
+    """Write `<run_dir>/learning_curve.png` and return the report's lines (the algorithm, success
+    before/after with 95% CIs and with blank images, the curve, the rollout viewer, and the commands to
+    resume, evaluate, or go to a GPU)."""
     run_dir = Path(run_dir)
     config = run_dir / "config.yaml"  # the resolved config: every key, the same run again
-    lines = [
+    lines = (
+        [f"[vagen] algorithm: {algorithm} (all algorithms on these tasks: docs/results.md)"]
+        if algorithm
+        else []
+    )
+    lines.append(
         f"[vagen] validation success ({episodes} episodes): "
-        f"before {describe_validation(val_before)} -> after {describe_validation(val_after)}",
-    ]
+        f"before {describe_validation(val_before)} -> after {describe_validation(val_after)}"
+    )
+    blank = "val/success_rate_blank_image"
+    if blank in val_after:
+        lines.append(
+            f"[vagen] the same levels with blank images: before {val_before.get(blank, math.nan):.3f} -> "
+            f"after {val_after[blank]:.3f} (a policy that reads the image loses success here)"
+        )
     try:
         curve = plot_learning_curve(run_dir / "metrics.jsonl", run_dir / LEARNING_CURVE_FILE, run_dir.name)
         lines.append(f"[vagen] learning curve: {curve}")

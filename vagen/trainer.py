@@ -324,6 +324,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
     logger.close()
     if rank == 0:
         episodes = t.val_groups * t.val_group_size
-        report = end_of_run_report(run_dir, step, episodes, state["val_before"], val_after)
+        algorithm = update.describe(cfg)
+        report = end_of_run_report(run_dir, step, episodes, state["val_before"], val_after, algorithm)
         print("\n".join(report), flush=True)
     return summary

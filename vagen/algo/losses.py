@@ -39,41 +39,63 @@ def stats_to_floats(stats: object) -> dict[str, float]:
     return {field.name: float(getattr(stats, field.name)) for field in dataclasses.fields(stats)}
 
 
-def _token_mean(per_token: Tensor, mask: Tensor) -> Tensor:
+def _token_mean(per_token: Tensor, mask: Tensor, units: Tensor | None = None) -> Tensor:
     """sum over all masked tokens / number of masked tokens: every token weighs the same."""
     return masked_mean(per_token, mask)
 
 
-def _seq_mean_token_sum(per_token: Tensor, mask: Tensor) -> Tensor:
+def _seq_mean_token_sum(per_token: Tensor, mask: Tensor, units: Tensor | None = None) -> Tensor:
     """mean over non-empty rows of the row's token sum: longer replies weigh more."""
     row_sums = torch.where(mask, per_token, 0.0).sum(dim=1)  # (B,)
     return masked_mean(row_sums, mask.any(dim=1))
 
 
-def _seq_mean_token_mean(per_token: Tensor, mask: Tensor) -> Tensor:
+def _seq_mean_token_mean(per_token: Tensor, mask: Tensor, units: Tensor | None = None) -> Tensor:
     """mean over non-empty rows of the row's token mean: every reply weighs the same."""
     row_means = torch.where(mask, per_token, 0.0).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (B,)
     return masked_mean(row_means, mask.any(dim=1))
 
 
+def _episode_mean(per_token: Tensor, mask: Tensor, units: Tensor) -> Tensor:
+    """mean over episodes of each episode's token mean over all its rows: with u_b = n_b / N_e(b) the
+    row's share of its episode's N_e loss tokens (`units`, (B,)), sum_b (u_b / n_b) sum_i l_bi / sum_b u_b,
+    which over whole episodes is (1 / E) sum_e (1 / N_e) sum_{i in e} l_i: every episode weighs the same."""
+    row_sums = torch.where(mask, per_token, 0.0).sum(dim=1)  # (B,)
+    weights = units.to(row_sums.dtype) / mask.sum(dim=1).clamp(min=1)  # (B,): 1 / N_e(b), 0 on empty rows
+    return (row_sums * weights).sum() / units.sum().clamp(min=1e-12)
+
+
+def _token_units(mask: Tensor, episode_ids: Tensor) -> Tensor:
+    return mask.sum(dim=1)
+
+
+def _row_units(mask: Tensor, episode_ids: Tensor) -> Tensor:
+    return mask.any(dim=1).long()
+
+
+def _episode_share_units(mask: Tensor, episode_ids: Tensor) -> Tensor:
+    row_tokens = mask.sum(dim=1).double()  # (B,)
+    episode_tokens = torch.zeros(int(episode_ids.max()) + 1 if len(episode_ids) else 0, dtype=torch.float64)
+    episode_tokens = episode_tokens.to(row_tokens.device).index_add(0, episode_ids, row_tokens)
+    return row_tokens / episode_tokens[episode_ids].clamp(min=1)
+
+
 @dataclass(frozen=True)
 class LossAggregation:
-    """A registry entry: `reduce(per_token (B, L), mask (B, L)) -> scalar`, and `per_row`: whether its
-    mean runs over rows (True) or over tokens (False), i.e. what a micro-batch's share of it counts."""
+    """A registry entry. `units(mask (B, L), episode_ids (B,)) -> (B,)`: what each row counts in the
+    mean's denominator (its masked tokens, 1 if it has any, or its share of its episode's tokens);
+    `reduce(per_token (B, L), mask (B, L), units (B,)) -> scalar`: the mean over the rows at hand. Split
+    into micro-batches, each one's mean is weighted by its share of the units of the whole batch."""
 
-    reduce: Callable[[Tensor, Tensor], Tensor]
-    per_row: bool
-
-    def units(self, mask: Tensor) -> Tensor:
-        """(B,) what each row contributes to the mean's denominator: its masked tokens, or 1 if it has any."""
-        mask = mask.bool()
-        return mask.any(dim=1).long() if self.per_row else mask.sum(dim=1)
+    reduce: Callable[[Tensor, Tensor, Tensor], Tensor]
+    units: Callable[[Tensor, Tensor], Tensor]
 
 
 LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
-    "token-mean": LossAggregation(_token_mean, per_row=False),
-    "seq-mean-token-sum": LossAggregation(_seq_mean_token_sum, per_row=True),
-    "seq-mean-token-mean": LossAggregation(_seq_mean_token_mean, per_row=True),
+    "token-mean": LossAggregation(_token_mean, _token_units),
+    "seq-mean-token-sum": LossAggregation(_seq_mean_token_sum, _row_units),
+    "seq-mean-token-mean": LossAggregation(_seq_mean_token_mean, _row_units),
+    "episode-mean": LossAggregation(_episode_mean, _episode_share_units),
 }
 
 
@@ -99,13 +121,15 @@ def ppo_policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     agg: str = "token-mean",
+    units: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """PPO's clipped surrogate with asymmetric clipping (DAPO's clip-higher) and optional dual clip.
 
     Per token, with ratio rho = exp(logp - old_logp) (log ratio clamped to +-MAX_LOG_RATIO):
         l = max(-A * rho, -A * clip(rho, 1 - clip_low, 1 + clip_high)),
     and with dual clip c > 1 (arXiv:1912.09729), for A < 0: l = min(l, -c * A).
-    Aggregated over M^loss by `agg`, one of LOSS_AGGREGATIONS.
+    Aggregated over M^loss by `agg`, one of LOSS_AGGREGATIONS, with the rows' `units` (B,) (default:
+    each row its own episode).
 
     logp (B, L) carries the gradient; old_logp, advantages (B, L) are constants; mask (B, L) bool.
     Returns (scalar loss, PolicyLossStats).
@@ -130,7 +154,10 @@ def ppo_policy_loss(
         dual_bound = -advantages * dual_clip
         dual_clipped = (advantages < 0) & (per_token > dual_bound)
         per_token = torch.where(dual_clipped, dual_bound, per_token)
-    loss = LOSS_AGGREGATIONS[agg].reduce(per_token, mask)
+    aggregation = LOSS_AGGREGATIONS[agg]
+    if units is None:
+        units = aggregation.units(mask, torch.arange(len(mask), device=mask.device))
+    loss = aggregation.reduce(per_token, mask, units)
 
     with torch.no_grad():
         has_tokens = mask.any()

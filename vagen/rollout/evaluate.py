@@ -96,23 +96,30 @@ def validate(
     manager: RolloutManager, levels: int, group_size: int, temperature: float, rank: int, world: int
 ) -> dict[str, float]:
     """val/* metrics on the first `levels` validation levels x `group_size` tries, played by all ranks
-    (each its share), with a 95% Wilson interval of the success rate."""
-    seeds = manager.seeds.validation(levels, group_size)
-    episodes = manager.play_episodes(seeds[rank::world], temperature=temperature)
+    (each its share), with a 95% Wilson interval of the success rate. With images, the same episodes are
+    played again with every image blank (`val/success_rate_blank_image`): a policy that reads the image
+    loses success there, one on a fixed route does not."""
+    share = manager.seeds.validation(levels, group_size)[rank::world]
+    episodes = manager.play_episodes(share, temperature=temperature)
+    blank = [] if manager.env_cfg.text_only else manager.play_episodes(share, temperature, blank_images=True)
     counts = [
         sum(ep.success for ep in episodes),
         len(episodes),
         sum(ep.episode_return for ep in episodes),
         sum(len(ep.turns) for ep in episodes),
+        sum(ep.success for ep in blank),
     ]
     totals = torch.tensor(counts, dtype=torch.float64, device=comm_device())
-    dist.all_reduce(totals)  # named reduction: SUM of successes, episodes, returns, turns
-    wins, n, total_return, total_turns = totals.cpu().tolist()
+    dist.all_reduce(totals)  # named reduction: SUM of successes, episodes, returns, turns, blank successes
+    wins, n, total_return, total_turns, blank_wins = totals.cpu().tolist()
     low, high = wilson_interval(int(wins), int(n))
-    return {
+    metrics = {
         "val/success_rate": wins / n,
         "val/success_ci_low": low,
         "val/success_ci_high": high,
         "val/return_mean": total_return / n,
         "val/turns_mean": total_turns / n,
     }
+    if not manager.env_cfg.text_only:
+        metrics["val/success_rate_blank_image"] = blank_wins / n
+    return metrics

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 
 import envs_visual  # noqa: F401  (registers the environments)
 from envs_visual.language import LanguageEnv
@@ -181,15 +182,22 @@ class RolloutManager:
         return batch
 
     def play_episodes(
-        self, episode_seeds: list[EpisodeSeeds], temperature: float | None = None
+        self, episode_seeds: list[EpisodeSeeds], temperature: float | None = None, blank_images: bool = False
     ) -> list[EpisodeRecord]:
         """Like `collect` from the levels' starts, but only the episodes' records: no rows are collated
         and no image patches kept (bench/validation_bench.py: peak memory on 512 Sokoban levels)."""
-        episodes = self._play_all(episode_seeds, temperature, training=False, keep_rows=False)
+        episodes = self._play_all(
+            episode_seeds, temperature, False, keep_rows=False, blank_images=blank_images
+        )
         return [episode.record for episode in episodes]
 
     def _play_all(
-        self, episode_seeds: list[EpisodeSeeds], temperature: float | None, training: bool, keep_rows: bool
+        self,
+        episode_seeds: list[EpisodeSeeds],
+        temperature: float | None,
+        training: bool,
+        keep_rows: bool,
+        blank_images: bool = False,
     ) -> list[_Episode]:
         reset_options = {"random_start": self.cfg.random_start} if training else {}
         timings: dict[str, float] = defaultdict(float)
@@ -209,7 +217,7 @@ class RolloutManager:
             playing, prompts = [], []
             start = time.perf_counter()
             for episode in (e for e in episodes if e.live):
-                prompt = self._prompt(episode, turn)
+                prompt = self._prompt(episode, turn, blank_images)
                 if prompt is not None:
                     playing.append(episode)
                     prompts.append(prompt)
@@ -229,9 +237,12 @@ class RolloutManager:
         self.timings = dict(timings)
         return episodes
 
-    def _prompt(self, episode: _Episode, turn: int) -> Prompt | None:
+    def _prompt(self, episode: _Episode, turn: int, blank_images: bool = False) -> Prompt | None:
         """The engine prompt of the episode's next turn, or None (episode ended) past the context budget."""
-        pending = episode.assembler.prepare(episode.observation.text, episode.observation.images)
+        images = episode.observation.images
+        if blank_images:  # the same prompt with every pixel black: does the policy read the image?
+            images = [np.zeros_like(image) for image in images]
+        pending = episode.assembler.prepare(episode.observation.text, images)
         if pending.prompt_length + self.cfg.max_new_tokens <= self.cfg.max_context_tokens:
             token_ids, images = episode.assembler.commit(pending)
             return Prompt(token_ids=token_ids, images=images)

@@ -48,6 +48,9 @@ class PolicyUpdate(Protocol):
     def check(self, cfg: RunConfig) -> None:
         """ConfigError (one line) if the config lacks what this update needs beyond the schema."""
 
+    def describe(self, cfg: RunConfig) -> str:
+        """One line for the end-of-run report: the update and what it runs with."""
+
     def critic(self, cfg: RunConfig) -> str | None:
         """The critic the run trains: 'model', 'state' (algo.critic kinds) or None."""
 

@@ -154,6 +154,9 @@ class MPOUpdate:
             not cfg.algo.kl_in_reward, "algo.kl_in_reward", "policy_loss=mpo has no advantages to carry it"
         )
 
+    def describe(self, cfg: RunConfig) -> str:
+        return "mpo, all-action targets from a Q(s, a) state critic"
+
     def critic(self, cfg: RunConfig) -> str:
         return "state"
 

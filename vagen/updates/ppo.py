@@ -70,6 +70,12 @@ def advantages(batch: RolloutBatch, scores: Scores, cfg: RunConfig) -> tuple[Ten
     return adv, returns
 
 
+def aggregation(cfg: RunConfig) -> str:
+    """`algo.loss_agg`, or with `auto` the estimator's own (episode-mean for per-episode advantages)."""
+    agg = cfg.algo.loss_agg
+    return ADVANTAGE_ESTIMATORS[cfg.algo.adv].aggregation if agg == "auto" else agg
+
+
 class PPOUpdate:
     """PPO's clipped surrogate (vagen.algo.ppo_policy_loss) on the estimator's token advantages."""
 
@@ -97,6 +103,10 @@ class PPOUpdate:
             f"({', '.join(n for n, e in ADVANTAGE_ESTIMATORS.items() if e.turn_level)}), not '{algo.adv}'",
         )
 
+    def describe(self, cfg: RunConfig) -> str:
+        critic = self.critic(cfg)
+        return f"ppo, advantages algo.adv={cfg.algo.adv}" + (f", critic {critic}" if critic else "")
+
     def critic(self, cfg: RunConfig) -> str | None:
         return cfg.algo.critic if ADVANTAGE_ESTIMATORS[cfg.algo.adv].uses_critic else None
 
@@ -119,7 +129,7 @@ class PPOUpdate:
         return plan
 
     def policy_units(self, batch: RolloutBatch, plan: Plan, cfg: RunConfig) -> Tensor:
-        return LOSS_AGGREGATIONS[cfg.algo.loss_agg].units(batch.loss_mask)
+        return LOSS_AGGREGATIONS[aggregation(cfg)].units(batch.loss_mask, batch.episode_ids)
 
     def loss(
         self,
@@ -138,7 +148,8 @@ class PPOUpdate:
             algo.clip_low,
             algo.clip_high,
             algo.dual_clip,
-            algo.loss_agg,
+            aggregation(cfg),
+            mb.policy_units,
         )
         tokens = mask.sum().item()
         stats.add("actor/pg_loss", pg_loss.item(), tokens)

@@ -39,6 +39,12 @@ def test_tiny_recipes_pass_the_start_up_checks(recipe):
             "algo.adv=grpo compares the episodes of a group, so a group of 1 gets no advantage",
         ),
         (["algo.adv=gigpo", "rollout.group_size=1"], "'rollout.group_size'"),
+        (["algo.kl_tokens=rest"], "'algo.kl_tokens': rest anchors the sampled tokens without policy loss"),
+        (
+            ["algo.policy_loss=mpo", "algo.critic=state", "env.max_actions_per_turn=1",
+             "algo.kl_tokens=rest"],
+            "'algo.kl_tokens': policy_loss=mpo always anchors the reply's tokens other than the action",
+        ),
         (["model.path=/no/such/model"], "'model.path': '/no/such/model' is not a local directory"),
         (["model.path=configs"], "'model.path': model directory 'configs' is missing: config.json"),
         (["env.env_kwargs.size=-3"], "bad value for config key 'env': envs_visual/FrozenLake-v0 with"),

@@ -40,6 +40,7 @@ SPAN_NAMES = ("think", "observation", "reasoning", "prediction", "answer")
 ENGINES = ("hf", "vllm")
 SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("float32", "bfloat16")
+KL_TOKENS = ("loss", "rest")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 ALARM_POLICIES = ("warn", "stop", "rollback")
 
@@ -296,6 +297,13 @@ class AlgoConfig:
     kl_coef: float = option(0.001, "weight of KL(actor || reference); 0 = no reference", ge=0)
     kl_kind: str = option("k3", "KL estimator", choices=KL_ESTIMATORS)
     kl_in_reward: bool = option(False, "KL as a per-token reward penalty (True) or as an actor loss term")
+    kl_tokens: str = option(
+        "loss",
+        "policy_loss=ppo: the tokens the KL anchor and entropy bonus act on; loss: those with policy loss | "
+        "rest: the sampled tokens without it (with rollout.loss_spans=[answer]: TRICO's selective masks; "
+        "mpo always anchors the reply's non-action tokens)",
+        choices=KL_TOKENS,
+    )
     vf_clip: float = option(0.5, "value clip around the rollout-time values", gt=0)
     critic: str = option(
         "model",

@@ -151,6 +151,11 @@ class MPOUpdate:
             f"policy_loss=mpo grades one action per turn: set it to 1, not {cfg.env.max_actions_per_turn}",
         )
         require(
+            cfg.algo.kl_tokens == "loss",
+            "algo.kl_tokens",
+            "policy_loss=mpo always anchors the reply's tokens other than the action; leave it at loss",
+        )
+        require(
             not cfg.algo.kl_in_reward, "algo.kl_in_reward", "policy_loss=mpo has no advantages to carry it"
         )
 

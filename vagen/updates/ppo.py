@@ -70,6 +70,12 @@ def advantages(batch: RolloutBatch, scores: Scores, cfg: RunConfig) -> tuple[Ten
     return adv, returns
 
 
+def kl_token_mask(part: RolloutBatch, loss_mask: Tensor, kl_tokens: str) -> Tensor:
+    """(b, l) the tokens the KL anchor holds: the loss-masked ones (`loss`), or the sampled tokens the
+    policy loss leaves alone (`rest`: M^sampled & ~M^loss, TRICO's selective masks)."""
+    return loss_mask if kl_tokens == "loss" else (part.token_turn >= 0) & ~loss_mask
+
+
 def aggregation(cfg: RunConfig) -> str:
     """`algo.loss_agg`, or with `auto` the estimator's own (episode-mean for per-episode advantages)."""
     agg = cfg.algo.loss_agg
@@ -95,6 +101,12 @@ class PPOUpdate:
             not algo.kl_in_reward or estimator.uses_critic,
             "algo.kl_in_reward",
             f"a per-token KL reward needs a critic-based estimator, not '{algo.adv}' (use the KL loss term)",
+        )
+        require(
+            algo.kl_tokens == "loss" or cfg.rollout.loss_spans != "all",
+            "algo.kl_tokens",
+            "rest anchors the sampled tokens without policy loss, and with rollout.loss_spans=all there are "
+            "none: select the loss spans (e.g. rollout.loss_spans=[answer])",
         )
         require(
             self.critic(cfg) != "state" or estimator.turn_level,
@@ -155,4 +167,4 @@ class PPOUpdate:
         stats.add("actor/pg_loss", pg_loss.item(), tokens)
         stats.add("actor/clipfrac", (pg.clip_frac_upper + pg.clip_frac_lower).item(), tokens)
         stats.add("actor/approx_kl", pg.approx_kl.item(), tokens)
-        return pg_loss, mask
+        return pg_loss, kl_token_mask(mb.part, mask, algo.kl_tokens)

@@ -3,7 +3,9 @@
 `import envs_visual` registers:
   envs_visual/Sokoban-v0     -> envs_visual.sokoban.SokobanEnv
   envs_visual/FrozenLake-v0  -> envs_visual.frozenlake.VisualFrozenLakeEnv
-Both observe {"image": uint8 (H, W, 3), "text": str grid} and act with ("Up", "Down", "Left", "Right").
+  envs_visual/MiniGrid-v0    -> envs_visual.minigrid.MiniGridEnv (task="MiniGrid-LavaGapS6-v0", ...)
+Each observes {"image": uint8 (H, W, 3), "text": str grid} and names its actions in `action_names`; what
+the trainer reads of an env is the contract in envs_visual.contract (docs/envs.md).
 The language layer for LLM agents is envs_visual.language.LanguageEnv.
 """
 
@@ -12,6 +14,7 @@ from gymnasium.envs.registration import register, registry
 ENV_IDS = {
     "envs_visual/Sokoban-v0": "envs_visual.sokoban.env:SokobanEnv",
     "envs_visual/FrozenLake-v0": "envs_visual.frozenlake.env:VisualFrozenLakeEnv",
+    "envs_visual/MiniGrid-v0": "envs_visual.minigrid.env:MiniGridEnv",
 }
 
 for env_id, entry_point in ENV_IDS.items():

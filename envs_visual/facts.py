@@ -9,14 +9,15 @@ Relations of an object at (row, col) to the player at (p_row, p_col):
   horizontal: "left" (col < p_col), "right" (col > p_col), "same column" (col == p_col)
 Sokoban reports both relations of every box and every target (a box on a target counts as both).
 FrozenLake reports both relations of the goal, and holes only when directly next to the player,
-with the one relation naming the side ("above", "below", "left", "right").
+with the one relation naming the side ("above", "below", "left", "right"). MiniGrid reports the goal,
+key and door like the goal, and lava like the holes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-OBJECTS = ("box", "target", "hole", "goal")
+OBJECTS = ("box", "target", "hole", "goal", "lava", "key", "door")
 RELATIONS = ("above", "below", "left", "right", "same row", "same column")
 
 # Phrase of each relation in `facts_to_sentence`.
@@ -36,6 +37,8 @@ OBJECT_SYNONYMS = {
     "targets": "target",
     "holes": "hole",
     "goals": "goal",
+    "keys": "key",
+    "doors": "door",
     "gift": "goal",
     "present": "goal",
 }

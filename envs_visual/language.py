@@ -225,9 +225,8 @@ class LanguageEnv:
         return "\n".join(lines)
 
     def step(self, reply: str):
-        game = self.env.unwrapped
         parse = parse_reply(reply, self.prompt_format, self.action_names, self.max_actions_per_turn)
-        facts_before = game.describe_state()
+        facts_before = self.state_facts()
         reward, terminated, truncated, effective = 0.0, False, False, False
         executed: list[str] = []
         for name in parse.actions:
@@ -248,7 +247,7 @@ class LanguageEnv:
             "num_invalid": parse.num_invalid,
             "format_ok": parse.format_ok,
             "state_facts_before": facts_before,
-            "state_facts_after": game.describe_state(),
+            "state_facts_after": self.state_facts(),
         }
         return self._turn_message(executed, parse), reward, terminated, truncated, info
 
@@ -296,6 +295,11 @@ class LanguageEnv:
         if parse.num_invalid:
             lines.append(f"{parse.num_invalid} invalid or extra action(s) were ignored.")
         return lines
+
+    def state_facts(self) -> list[Fact]:
+        """The env's `describe_state()`, or [] for an env without facts (then grounding scores nothing)."""
+        describe_state = getattr(self.env.unwrapped, "describe_state", None)
+        return [] if describe_state is None else list(describe_state())
 
     def _features(self) -> np.ndarray | None:
         state_features = getattr(self.env.unwrapped, "state_features", None)

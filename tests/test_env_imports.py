@@ -12,6 +12,8 @@ import envs_visual, envs_visual.language, envs_visual.facts
 env = gymnasium.make("envs_visual/Sokoban-v0")
 env.reset(seed=0)
 gymnasium.make("envs_visual/FrozenLake-v0").reset(seed=0)
+gymnasium.make("envs_visual/MiniGrid-v0").reset(seed=0)
+import envs_visual.contract
 loaded = sorted(name for name in set(sys.modules) - before if name.split(".")[0] in ("torch", "vagen"))
 print(",".join(loaded))
 """

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import envs_visual  # noqa: F401  (registers the envs)
+import envs_visual.minigrid  # registers the envs
 from envs_visual.facts import OBJECTS, RELATION_PHRASES, RELATIONS, facts_to_sentence
 from envs_visual.language import IMAGE_PLACEHOLDER, PROMPT_FORMATS, TAGS, LanguageEnv, parse_reply
 
@@ -288,3 +288,16 @@ def test_huge_replies():
     ]:
         *_, info = lang.step(reply)
     assert info["format_ok"] and info["success"]
+
+
+def test_an_env_without_facts_reports_none_and_still_plays():
+    """describe_state is optional (envs_visual.contract): without it the step info carries no facts."""
+
+    class Factless(envs_visual.minigrid.MiniGridEnv):
+        describe_state = property(lambda self: self.missing)  # reading it raises AttributeError
+
+    lang = LanguageEnv(Factless(), prompt_format="grounding")
+    lang.reset(seed=3)
+    _, _, _, _, info = lang.step(lang.example_reply())
+    assert info["format_ok"] and info["actions_executed"] == ["Right", "Forward"]
+    assert info["state_facts_before"] == info["state_facts_after"] == []

@@ -14,6 +14,7 @@ from vagen.models.tiny import resolve_model_path
 from vagen.pretrain.perception import pretraining_settings
 from vagen.pretrain.sft import warm_start_dir
 from vagen.pretrain.supervised import REPORT_FILE
+from vagen.rollout.assembly import ChatCodec, action_token_ids
 from vagen.rollout.manager import make_language_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +49,7 @@ def test_the_recipe_set_is_complete():
         "sokoban_tiny",
         "sokoban_text_tiny",
         "sokoban_qwen2_5_0_5b_ragen",
+        "minigrid_lavagap_tiny",
         *VAGEN_3B,
     }
     assert expected <= names
@@ -81,6 +83,7 @@ def test_tiny_recipes_resolve_their_model_and_warm_start(path, tiny_vlm_path, ti
 @pytest.mark.parametrize(
     "name",
     [
+        "minigrid_lavagap_tiny",
         "sokoban_tiny",
         "frozenlake_slippery_tiny",
         "frozenlake_text_tiny",
@@ -191,6 +194,25 @@ def test_sokoban_and_slippery_mpo_recipes_change_only_what_their_task_needs():
     for cfg in (sokoban, slippery):
         env_fields = asdict(cfg.env) | {"env_id": base.env.env_id, "env_kwargs": base.env.env_kwargs}
         assert env_fields == asdict(base.env)
+
+
+def test_minigrid_recipe_is_the_visual_mpo_recipe_on_lava_gap(tiny_vlm_path):
+    """minigrid_lavagap_tiny: frozenlake_mpo_tiny's update and optimizer on MiniGrid LavaGapS6, without
+    exploring starts (MiniGrid has none), the turn budget the env's own step limit; its actions start with
+    distinct tokens, so MPO reads the policy off one position."""
+    base, minigrid = recipe("frozenlake_mpo_tiny"), recipe("minigrid_lavagap_tiny")
+    assert asdict(minigrid.algo) == asdict(base.algo) and minigrid.optim == base.optim
+    assert minigrid.env.env_kwargs == {"task": "MiniGrid-LavaGapS6-v0", "max_steps": 14, "reward_scale": 10.0}
+    r = minigrid.rollout
+    assert (
+        r.max_turns == r.max_actions_per_episode == minigrid.env.env_kwargs["max_steps"]
+        and r.random_start == 0
+    )
+    assert minigrid.perception.enabled and minigrid.warm_start.teacher == "format"
+    env_fields = asdict(minigrid.env) | {"env_id": base.env.env_id, "env_kwargs": base.env.env_kwargs}
+    assert env_fields == asdict(base.env)
+    codec = ChatCodec(load_policy(tiny_vlm_path)[1])
+    assert len(set(action_token_ids(codec, make_language_env(minigrid.env).action_names))) == 3
 
 
 def test_slippery_recipe_lets_the_policy_react_after_every_slip():

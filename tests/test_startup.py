@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from vagen.config import ConfigError, load_config
+from vagen.pretrain import teachers
 from vagen.startup import check_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,3 +83,11 @@ def test_the_cli_stops_on_a_bad_model_path_before_writing_anything(tmp_path):
     )
     assert "Traceback" not in done.stderr
     assert not run_dir.exists()  # nothing written before the checks
+
+
+def test_a_teacher_the_env_cannot_serve_is_refused(monkeypatch):
+    """warm_start.teacher calls an optional env method (pretrain.teachers.TEACHER_NEEDS): an env without it
+    fails at start-up, naming the key, not mid-way through the warm start."""
+    monkeypatch.setitem(teachers.TEACHER_NEEDS, "solver", "solve_everything")
+    with pytest.raises(ConfigError, match="'warm_start.teacher': solver needs the env's solve_everything"):
+        check_run(load_config(REPO / "configs/frozenlake_tiny.yaml", ["warm_start.teacher=solver"]))

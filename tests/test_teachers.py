@@ -8,8 +8,10 @@ from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
 
 import envs_visual  # noqa: F401
 from envs_visual.frozenlake.planning import policy_success, shortest_path_actions, value_iteration
+from vagen.pretrain.teachers import planner_teacher, teacher_available
 
 UP, DOWN, LEFT, RIGHT = range(4)
+FORWARD = 2  # MiniGrid LavaGap: Left, Right, Forward
 
 
 def frozen_lake(desc, slippery=False):
@@ -106,3 +108,19 @@ def test_sokoban_teacher_plans_from_the_current_state():
     assert env.optimal_actions(5) == []  # solved
     stuck = sokoban("######\n#$@ .#\n######")
     assert stuck.optimal_actions(5) == []  # the box is against the wall: no solution
+
+
+def test_env_hooks_stand_in_for_frozenlake_internals():
+    """The planner and the optimum's reference read the env's hooks (envs_visual.contract): FrozenLake's
+    `planned_action` is the value-iteration move on slippery ice and None on plain ice, `optimal_success`
+    the optimum's success from the start; MiniGrid has no planner, so the planner teacher plays the solver."""
+    slippery = frozen_lake(["SFF", "FHF", "FFG"], slippery=True)
+    assert slippery.planned_action() == slippery.optimal_plan(100).action(0, 100)
+    assert slippery.optimal_success(4) == slippery.optimal_plan(4).success[4, 0]
+    assert frozen_lake(["SG", "FF"]).planned_action() is None
+    minigrid = gym.make("envs_visual/MiniGrid-v0").unwrapped
+    minigrid.reset(seed=3)
+    rng = np.random.default_rng(0)
+    assert planner_teacher(minigrid, 2, rng)[0] == minigrid.optimal_actions(2) == [FORWARD, FORWARD]
+    assert teacher_available(minigrid, "planner") and not teacher_available(object(), "solver")
+    assert teacher_available(object(), "format")

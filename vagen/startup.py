@@ -2,7 +2,8 @@
 
 `check_run(cfg)` raises one ConfigError line for the first problem it finds and writes nothing: what the
 chosen policy update and estimator need of the config (their registries), the model path, the DeepSpeed
-file against the run's batch shape, and the env (built and reset once with its kwargs).
+file against the run's batch shape, and the env (built and reset once with its kwargs) with what the warm
+start's teacher and the critic read of it (envs_visual.contract).
 """
 
 import logging
@@ -21,6 +22,7 @@ from vagen.config import ConfigError, RunConfig
 from vagen.models.loading import check_model_dir
 from vagen.models.tiny import TINY_MODELS
 from vagen.optim import deepspeed_config
+from vagen.pretrain.teachers import TEACHER_NEEDS, teacher_available
 from vagen.rollout.manager import check_random_start, make_language_env
 from vagen.updates import POLICY_UPDATES
 
@@ -48,6 +50,12 @@ def check_run(cfg: RunConfig) -> None:
         check_random_start(cfg.env, cfg.rollout.random_start, "rollout.random_start")
     except (gym.error.Error, TypeError, ValueError, KeyError, AssertionError) as err:
         raise _bad("env", f"{cfg.env.env_id} with {cfg.env.env_kwargs}: {err}".splitlines()[0]) from None
+    teacher = cfg.warm_start.teacher
+    if teacher != "none" and not teacher_available(env.env.unwrapped, teacher):
+        raise _bad(
+            "warm_start.teacher",
+            f"{teacher} needs the env's {TEACHER_NEEDS[teacher]}(); {cfg.env.env_id} has none",
+        )
     reads_features = update.critic(cfg) == "state" and cfg.algo.state_critic_input == "features"
     if reads_features and observation.features is None:
         raise _bad("algo.state_critic_input", f"features: {cfg.env.env_id} has no state_features()")

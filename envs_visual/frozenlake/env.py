@@ -238,6 +238,20 @@ class VisualFrozenLakeEnv(gymnasium.Env):
         is the optimal policy's success from the start cell s0 within the episode's action budget."""
         return value_iteration(self.desc, self.lake.P, horizon)
 
+    def planned_action(self) -> int | None:
+        """Teacher (planner): on slippery ice, the move of the optimal policy for the whole step budget
+        (`optimal_plan(max_steps)`) from the player's cell, the same whatever the steps left (the image does
+        not show them, and with few left the finite-horizon policy's ties are arbitrary); None when moves
+        are deterministic (the shortest path is then optimal)."""
+        if not self.is_slippery:
+            return None
+        row, col = self.player
+        return self.optimal_plan(self.max_steps).action(row * self.size + col, self.max_steps)
+
+    def optimal_success(self, horizon: int) -> float:
+        """The optimal policy's success probability from the episode's start cell within `horizon` steps."""
+        return float(self.optimal_plan(horizon).success[horizon, self.start_state])
+
     @property
     def is_slippery(self) -> bool:
         """True when a move may slip sideways (then `optimal_plan`, not the shortest path, is optimal)."""

@@ -32,12 +32,12 @@ from vagen.models.loading import load_policy
 from vagen.models.tiny import cache_root, resolve_model_path
 from vagen.pretrain.perception import start_model
 from vagen.pretrain.supervised import cached_report, inputs_key, save_atomically, train_supervised
-from vagen.pretrain.teachers import optimal_success, play_teacher_episodes, teacher_success
+from vagen.pretrain.teachers import optimal_success, play_teacher_episodes, teacher_available, teacher_success
 from vagen.rollout.assembly import ChatCodec
 from vagen.rollout.batch import build_batch
 from vagen.rollout.engines import make_engine
 from vagen.rollout.evaluate import EvalSummary, evaluate
-from vagen.rollout.manager import RolloutManager, read_chat_template, seed_schedule
+from vagen.rollout.manager import RolloutManager, make_language_env, read_chat_template, seed_schedule
 
 
 @dataclass
@@ -126,7 +126,10 @@ def run_sft(
     records, segments = play_teacher_episodes(env_cfg, rollout_cfg, codec, train_seeds, cfg.teacher, cfg.seed)
     data = build_batch(segments, records, codec.pad_token_id)
     val_seeds = seeds.validation(cfg.eval_levels, 1)
-    references = {t: teacher_success(env_cfg, rollout_cfg, val_seeds, t) for t in TEACHERS}
+    game = make_language_env(env_cfg).env.unwrapped
+    references = {
+        t: teacher_success(env_cfg, rollout_cfg, val_seeds, t) for t in TEACHERS if teacher_available(game, t)
+    }
     references["optimal"] = optimal_success(env_cfg, rollout_cfg, val_seeds)
     data_seconds = time.perf_counter() - started
     log(

@@ -10,9 +10,10 @@ A teacher writes a reply for the current state of an env: actions and the texts 
 - `grid`: the same random actions, with the TRUE state written as the env's text grid (cells spaced
   apart: `cell_grid`) in <think> (free_think) or <observation> / <prediction>.
 - `solver`: the env's optimal actions from the current state (`env.unwrapped.optimal_actions`: BFS on
-  FrozenLake, the Sokoban solver), with the true state facts. An imitation baseline.
-- `planner`: on slippery FrozenLake, one move of the optimal policy for the whole step budget (value
-  iteration on the true transition model, `env.unwrapped.optimal_plan`); elsewhere the solver's.
+  FrozenLake and MiniGrid, the Sokoban solver), with the true state facts. An imitation baseline.
+- `planner`: where moves are random, the env's `planned_action()` (slippery FrozenLake: one move of the
+  optimal policy for the whole step budget, by value iteration); elsewhere the solver's.
+`TEACHER_NEEDS` names the env method (docs/envs.md) each teacher calls.
 `play_teacher_episodes` plays them with the RL rollout's own budgets, template, window and masks.
 """
 
@@ -105,15 +106,14 @@ def solver_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[li
 
 
 def planner_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[list[int], dict[str, str]]:
-    """On slippery ice, one move of the optimal policy for the episode's whole step budget (`optimal_plan`:
-    value iteration on the true transition model; it may step away from a hole instead of along the
-    shortest path), with the true state facts; elsewhere the solver's moves, optimal when moves are
-    deterministic. The same move in a cell whatever the steps left: the image does not show them, and
-    with few steps left the finite-horizon policy's ties (every move fails in time) are arbitrary."""
-    if not getattr(game, "is_slippery", False):
+    """Where the env's moves are random (slippery ice), its `planned_action()`: one move of the optimal
+    policy for the episode's whole step budget (it may step away from a hole instead of along the shortest
+    path), with the true state facts; elsewhere (`planned_action` missing or None) the solver's moves,
+    optimal when moves are deterministic."""
+    planned_action = getattr(game, "planned_action", None)
+    action = None if planned_action is None else planned_action()
+    if action is None:
         return solver_teacher(game, max_actions, rng)
-    row, col = game.player
-    action = game.optimal_plan(game.max_steps).action(row * game.size + col, game.max_steps)
     return [action], {
         "observation": facts_to_sentence(game.describe_state()) or GENERIC_OBSERVATION,
         "reasoning": "I take the move most likely to reach my goal in time.",
@@ -121,6 +121,8 @@ def planner_teacher(game, max_actions: int, rng: np.random.Generator) -> tuple[l
     }
 
 
+# teacher -> the optional env method it calls (envs_visual.contract); teachers not named need none
+TEACHER_NEEDS = {"grounded": "describe_state", "solver": "optimal_actions", "planner": "optimal_actions"}
 TEACHERS = {
     "format": format_teacher,
     "grounded": grounded_teacher,
@@ -128,6 +130,12 @@ TEACHERS = {
     "solver": solver_teacher,
     "planner": planner_teacher,
 }
+
+
+def teacher_available(game, teacher: str) -> bool:
+    """Whether the unwrapped env offers what `teacher` calls (TEACHER_NEEDS)."""
+    need = TEACHER_NEEDS.get(teacher)
+    return need is None or hasattr(game, need)
 
 
 def teacher_reply(env: LanguageEnv, teacher: str, max_actions: int, rng: np.random.Generator) -> str:
@@ -215,15 +223,15 @@ def teacher_success(
 def optimal_success(
     env_cfg: EnvConfig, rollout_cfg: RolloutConfig, seeds: list[EpisodeSeeds]
 ) -> float | None:
-    """Mean over the levels of the optimal policy's success within the action budget (value iteration on
-    the true slippery model, `optimal_plan`); None for envs without one (Sokoban is deterministic:
-    its optimum is 1 on every generated level)."""
+    """Mean over the levels of the optimal policy's success within the action budget (the env's
+    `optimal_success(horizon)`, e.g. value iteration on slippery FrozenLake's true model); None for envs
+    without one."""
     env = make_language_env(env_cfg).env
-    if not hasattr(env.unwrapped, "optimal_plan"):
+    if not hasattr(env.unwrapped, "optimal_success"):
         return None
     horizon = min(rollout_cfg.max_actions_per_episode, env.unwrapped.max_steps)
     rates = []
     for level in sorted({s.level for s in seeds}):
         env.reset(seed=level)
-        rates.append(env.unwrapped.optimal_plan(horizon).success[horizon, env.unwrapped.start_state])
+        rates.append(env.unwrapped.optimal_success(horizon))
     return float(np.mean(rates))

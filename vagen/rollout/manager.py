@@ -45,13 +45,13 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
 
 def check_random_start(env_cfg: EnvConfig, share: float, name: str) -> None:
     """Exploring starts (share > 0) need an env that can start elsewhere than its start state (one with
-    `supports_random_start`, as FrozenLake and Sokoban)."""
+    `supports_random_start`: envs_visual.contract)."""
     if share > 0 and not getattr(
         gym.make(env_cfg.env_id, **env_cfg.env_kwargs).unwrapped, "supports_random_start", False
     ):
         raise ValueError(
-            f"{name}={share} needs an env with random starts; {env_cfg.env_id} has none "
-            "(FrozenLake and Sokoban have)"
+            f"{name}={share} needs an env with random starts (supports_random_start); "
+            f"{env_cfg.env_id} has none"
         )
 
 

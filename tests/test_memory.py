@@ -44,6 +44,17 @@ def test_model_states_are_deepspeeds_estimate_plus_the_frozen_weights(zero, froz
     assert model_state_bytes(1000, frozen, 100, zero) == expected
 
 
+def test_frozen_weights_take_their_dtypes_bytes():
+    assert model_state_bytes(1000, 4000, 100, ZeroSetup(stage=2, gpus=1), frozen_bytes=4) == 20_000 + 16_000
+
+
+def test_an_unreadable_model_gives_a_line_not_an_error(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    cfg = load_config(None, [f"model.path={tmp_path}"])
+    (line,) = memory_report(cfg, {"zero_optimization": {"stage": 1}}, 1, model_critic=False)
+    assert line.startswith("memory estimate unavailable: ValueError")
+
+
 def test_zero_setup_reads_stage_and_offloads_from_the_deepspeed_files():
     import json
 

@@ -5,7 +5,7 @@ Four parts, in bytes per GPU (one line at start-up; a warning above `trainer.gpu
 - model states of each DeepSpeed engine (the actor, and a model critic if the update has one), from
   DeepSpeed's own estimators on the TRAINABLE parameters (16-bit weights + fp32 master copy, gradients
   and Adam moments: `estimate_zero2_model_states_mem_needs`, `estimate_zero3_model_states_mem_needs`),
-  plus the 16-bit weights of the FROZEN ones (the base model under LoRA): 2 bytes each, partitioned over
+  plus the weights of the FROZEN ones (the base model under LoRA): 2 bytes each in bf16, partitioned over
   the GPUs by ZeRO-3 and none on the GPU when ZeRO-3 offloads parameters. Stage 0 partitions nothing;
   stage 1 is stage 2 with the 16-bit gradients unpartitioned. Both estimators assume 16-bit training.
 - the frozen reference (kl_coef > 0 without LoRA): its dtype's bytes per parameter on every GPU; under
@@ -22,9 +22,9 @@ Four parts, in bytes per GPU (one line at start-up; a warning above `trainer.gpu
       logits:                  T V (bytes + 8)     (the logits, their fp32 copy, one fp32 temporary)
 
   The vision tower's activations are left out (a Sokoban image is a few dozen tokens of thousands).
-- the rollout's KV cache: 2 L kv_heads head_dim bytes x max_context_tokens x concurrent sequences, with
-  at most GENERATION_BATCH sequences at once (the engines' batch). The hf engine frees it before the
-  update (so the larger of it and the activations counts); vLLM keeps it (both count).
+- the rollout's KV cache: 2 L kv_heads head_dim bytes x max_context_tokens x concurrent sequences,
+  at most GENERATION_BATCH sequences at once (the engines' batch). The hf engine (and `auto`, counted as
+  hf) frees it before the update, so the larger of it and the activations counts; vLLM keeps it.
 
 CUDA's context and the allocator's fragmentation (typically 1-3 GB) are not included.
 """
@@ -67,15 +67,15 @@ class ModelShape:
     vocab: int
 
 
-def model_shape(path: str | Path, lora: LoraConfig) -> ModelShape:
+def model_shape(path: str | Path, lora: LoraConfig, trust_remote_code: bool = False) -> ModelShape:
     """The shape of the model at `path` (a directory with config.json, or a tiny-model name), counted on
     PyTorch's meta device: no weight is read or allocated."""
     directory = resolve_model_path(path)
-    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    config = AutoConfig.from_pretrained(directory, local_files_only=True, trust_remote_code=trust_remote_code)
     vision = "vision_config" in json.loads((directory / "config.json").read_text())
     auto_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     with torch.device("meta"):
-        model = auto_class.from_config(config)
+        model = auto_class.from_config(config, trust_remote_code=trust_remote_code)
     text = config.get_text_config()
     lora_params = 0
     if lora.rank > 0:  # peft's own matching decides which modules get an adapter
@@ -120,22 +120,24 @@ class ZeroSetup:
         )
 
 
-def model_state_bytes(trainable: int, frozen: int, largest_layer: int, zero: ZeroSetup) -> int:
+def model_state_bytes(
+    trainable: int, frozen: int, largest_layer: int, zero: ZeroSetup, frozen_bytes: int = 2
+) -> int:
     """One DeepSpeed engine's model states on one GPU (module docstring): DeepSpeed's estimate for the
-    trainable parameters plus 2 bytes per frozen parameter (partitioned by ZeRO-3)."""
+    trainable parameters plus `frozen_bytes` (the weights' dtype) per frozen one (partitioned by ZeRO-3)."""
     n = zero.gpus
     if zero.stage == 3:
         _, gpu, _ = estimate_zero3_model_states_mem_needs(
             trainable, largest_layer, num_gpus_per_node=n, cpu_offload=zero.offload_optimizer,
             cpu_offload_params=zero.offload_param,
         )  # fmt: skip
-        return gpu + (0 if zero.offload_param else 2 * frozen // n)
+        return gpu + (0 if zero.offload_param else frozen_bytes * frozen // n)
     partitions = 1 if zero.stage == 0 else n
     _, gpu = estimate_zero2_model_states_mem_needs(
         trainable, num_gpus_per_node=partitions, cpu_offload=zero.offload_optimizer and zero.stage > 0
     )
     unpartitioned_grads = 2 * trainable * (n - 1) // n if zero.stage == 1 else 0
-    return gpu + unpartitioned_grads + 2 * frozen
+    return gpu + unpartitioned_grads + frozen_bytes * frozen
 
 
 def activation_bytes(tokens: int, shape: ModelShape, dtype_bytes: int, checkpointing: bool) -> int:
@@ -196,7 +198,7 @@ def estimate_memory(cfg: RunConfig, shape: ModelShape, zero: ZeroSetup, model_cr
     b = DTYPE_BYTES[cfg.model.dtype]
     lora = shape.lora_params > 0
     trainable, frozen = (shape.lora_params, shape.params) if lora else (shape.params, 0)
-    actor = model_state_bytes(trainable, frozen, shape.largest_layer, zero)
+    actor = model_state_bytes(trainable, frozen, shape.largest_layer, zero, frozen_bytes=b)
     critic_params = shape.params - shape.lm_head + shape.hidden + 1  # the backbone and a value head
     critic = model_state_bytes(critic_params, 0, shape.largest_layer, zero) if model_critic else 0
     r, t = cfg.rollout, cfg.trainer
@@ -220,7 +222,12 @@ def estimate_memory(cfg: RunConfig, shape: ModelShape, zero: ZeroSetup, model_cr
 def memory_report(cfg: RunConfig, ds: dict, gpus: int, model_critic: bool) -> list[str]:
     """The start-up line, and a warning line when the total exceeds `trainer.gpu_memory_gb` (if set)."""
     zero = ZeroSetup.from_deepspeed(ds, gpus)
-    estimate = estimate_memory(cfg, model_shape(cfg.model.path, cfg.model.lora), zero, model_critic)
+    try:
+        shape = model_shape(cfg.model.path, cfg.model.lora, cfg.model.trust_remote_code)
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as err:  # advisory: never stops a run
+        reason = (str(err).splitlines() or [""])[0]
+        return [f"memory estimate unavailable: {type(err).__name__}: {reason}"]
+    estimate = estimate_memory(cfg, shape, zero, model_critic)
     lines = [estimate.describe(zero)]
     limit = cfg.trainer.gpu_memory_gb
     if limit and estimate.total > limit * GB:

@@ -48,9 +48,14 @@ while todo:
              if r.marker is None or r.marker.evaluate({"extra": ""})]
 print("\n".join(f"{name}=={version}" for name, version in sorted(seen.items())))
 PY
+  # DeepSpeed is published as a source archive only: build its (pure-Python, ops compiled at run time)
+  # wheel here against .venv's torch; every other package as a binary wheel for the GPU machine's Python
+  grep -v '^deepspeed==' "$WHEELS/requirements.txt" > "$WHEELS/binary.txt"
   .venv/bin/pip download --no-deps --only-binary=:all: --python-version "${GPU_PYTHON:-3.11}" \
     --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-    -d "$WHEELS" -r "$WHEELS/requirements.txt"
+    -d "$WHEELS" -r "$WHEELS/binary.txt"
+  DS_BUILD_OPS=0 .venv/bin/pip wheel --no-deps --no-build-isolation -w "$WHEELS" \
+    "$(grep '^deepspeed==' "$WHEELS/requirements.txt")"
   exit 0
 fi
 VENV=.gpu-venv

@@ -53,7 +53,6 @@ PEAK_BF16_FLOPS = {
     "A100": 312e12,
     "L40S": 362e12,
     "L4": 121e12,
-    "A10": 125e12,
 }
 # the project's tokenizer's ids replace Qwen's (assets/tiny/vlm_config.json)
 TOKEN_ID_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")

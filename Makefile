@@ -8,7 +8,7 @@ export DS_ACCELERATOR ?= cpu
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test test-all lint bench train
+.PHONY: setup test test-all lint bench train gpu-wheels
 
 setup: $(STAMP)
 
@@ -31,3 +31,6 @@ bench: setup
 
 train: setup
 	$(PY) vagen/train.py --config configs/frozenlake_quickstart_tiny.yaml
+
+gpu-wheels: setup  ## wheels scripts/gpu_check.sh installs offline on a GPU machine (needs network here)
+	bash scripts/gpu_check.sh --prepare-wheels

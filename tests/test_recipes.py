@@ -9,19 +9,27 @@ import pytest
 
 from vagen.batching import derived_sizes
 from vagen.config import load_config
+from vagen.memory import ZeroSetup, estimate_memory, model_shape
 from vagen.models.loading import load_policy
 from vagen.models.tiny import resolve_model_path
+from vagen.optim import deepspeed_config
 from vagen.pretrain.perception import pretraining_settings
 from vagen.pretrain.sft import warm_start_dir
 from vagen.pretrain.supervised import REPORT_FILE
 from vagen.rollout.assembly import ChatCodec, action_token_ids
 from vagen.rollout.manager import make_language_env
+from vagen.updates import POLICY_UPDATES
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs").glob("*.yaml"))
 TINY_RECIPES = sorted((REPO / "configs").glob("*_tiny.yaml"))
 GPU_RECIPES = sorted(set(RECIPES) - set(TINY_RECIPES))
 VAGEN_3B = ["sokoban_qwen2_5_vl_3b_trico", "sokoban_qwen2_5_vl_3b_ppo", "sokoban_qwen2_5_vl_3b_grpo"]
+# one-GPU recipe -> the folder under assets/ with its model's public config.json
+ONE_GPU_RECIPES = {
+    "sokoban_qwen2_5_vl_3b_lora_24gb": "qwen2_5_vl_3b",
+    "sokoban_qwen3_vl_2b_lora_24gb": "qwen3_vl_2b",
+}
 # text baseline -> the visual recipe whose env and rollout budgets it must share
 TEXT_TWINS = {"frozenlake_text_tiny": "frozenlake_tiny", "sokoban_text_tiny": "sokoban_tiny"}
 
@@ -51,6 +59,7 @@ def test_the_recipe_set_is_complete():
         "sokoban_qwen2_5_0_5b_ragen",
         "minigrid_lavagap_tiny",
         *VAGEN_3B,
+        *ONE_GPU_RECIPES,
     }
     assert expected <= names
 
@@ -279,3 +288,16 @@ def test_shipped_perception_models_match_their_recipe_and_load(name):
     assert report["after"]["token_accuracy"] > 0.99
     model, _ = load_policy(str(folder))
     assert model.config.text_config.hidden_size == 128  # the tiny VLM, not a placeholder
+
+
+@pytest.mark.parametrize(("name", "config_dir"), ONE_GPU_RECIPES.items())
+def test_one_gpu_recipes_fit_the_gpu_they_name(name, config_dir):
+    """The memory estimate (vagen/memory.py) of the recipe on one GPU, from the public config.json of its
+    model (assets/), stays under its trainer.gpu_memory_gb."""
+    cfg = recipe(name)
+    shape = model_shape(REPO / "assets" / config_dir, cfg.model.lora)
+    zero = ZeroSetup.from_deepspeed(deepspeed_config(cfg, derived_sizes(cfg, world_size=1)), gpus=1)
+    model_critic = POLICY_UPDATES[cfg.algo.policy_loss].critic(cfg) == "model"
+    estimate = estimate_memory(cfg, shape, zero, model_critic)
+    assert cfg.trainer.gpu_memory_gb == 24 and cfg.model.lora.rank > 0 and cfg.rollout.engine == "hf"
+    assert estimate.total <= cfg.trainer.gpu_memory_gb * 1e9, estimate.describe(zero)

@@ -362,6 +362,7 @@ class TrainerConfig:
     deepspeed: str = option("configs/deepspeed/zero1.json", "DeepSpeed JSON config (ZeRO stage, ...)")
     micro_batch_size: int = option(4, "rows per forward/backward in the update", ge=1)
     score_micro_batch_size: int = option(16, "rows per forward when scoring", ge=1)
+    gpu_memory_gb: float = option(0.0, "warn if the memory estimate exceeds this many GB/GPU (0 = off)", ge=0)
     save_every: int = option(0, "checkpoint every N steps (0 = only at the end)", ge=0)
     keep_last: int = option(2, "checkpoints kept on disk", ge=1)
     resume: str = option("none", "none | auto (newest checkpoint in run_dir) | a checkpoint folder")

@@ -29,6 +29,7 @@ from vagen.batching import DerivedSizes, MiniBatchTotals, derived_sizes, local_t
 from vagen.config import RunConfig, as_dict, to_yaml
 from vagen.critics import fit_state_critic, model_critic_loss, state_values
 from vagen.distributed import comm_device, global_sum, init_distributed
+from vagen.memory import memory_report
 from vagen.metrics import (
     Alarms,
     MetricAccumulator,
@@ -41,7 +42,7 @@ from vagen.metrics import (
 from vagen.models.build import Models, build_models
 from vagen.models.loading import tokenizer_of
 from vagen.models.scoring import Scores, token_and_candidate_logprobs, token_logprobs, token_values
-from vagen.optim import backward_and_step
+from vagen.optim import backward_and_step, deepspeed_config
 from vagen.report import end_of_run_report
 from vagen.rollout.batch import RolloutBatch
 from vagen.rollout.evaluate import validate
@@ -208,6 +209,8 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         print(f"[vagen] run folder {run_dir}; {sizes.describe()}", flush=True)
+        for line in memory_report(cfg, deepspeed_config(cfg, sizes), world, update.critic(cfg) == "model"):
+            print(f"[vagen] {line}", flush=True)
     models = build_models(cfg, sizes, update)
     threads = torch.get_num_threads()  # after vLLM's CPU worker, which may bind its own
     if rank == 0:  # timed runs: OMP_NUM_THREADS=1 on a 2-core machine halves the CPU the budget buys

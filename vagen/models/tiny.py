@@ -32,9 +32,18 @@ REPO = Path(__file__).resolve().parents[2]
 ASSETS = REPO / "assets" / "tiny"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 TINY_MODELS = {
-    # name: (model config, Auto class, extra files copied beside the tokenizer)
-    "tiny-vlm": ("vlm_config.json", AutoModelForImageTextToText, ("processor_config.json",)),
-    "tiny-text": ("text_config.json", AutoModelForCausalLM, ()),
+    # name: (model config, Auto class, {file written beside the tokenizer: its asset})
+    "tiny-vlm": (
+        "vlm_config.json",
+        AutoModelForImageTextToText,
+        {"processor_config.json": "processor_config.json"},
+    ),
+    "tiny-qwen3-vl": (
+        "qwen3_vl_config.json",
+        AutoModelForImageTextToText,
+        {"processor_config.json": "qwen3_vl_processor_config.json"},
+    ),
+    "tiny-text": ("text_config.json", AutoModelForCausalLM, {}),
 }
 
 
@@ -53,15 +62,17 @@ def build_tiny_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
     model.generation_config.pad_token_id = config_dict.get("text_config", config_dict)["pad_token_id"]
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
-    for file in TOKENIZER_FILES + extra_files:
+    for file in TOKENIZER_FILES:
         shutil.copyfile(ASSETS / file, out_dir / file)
+    for file, asset in extra_files.items():
+        shutil.copyfile(ASSETS / asset, out_dir / file)
     return out_dir
 
 
 def _fingerprint(name: str) -> str:
     config_file, _, extra_files = TINY_MODELS[name]
     digest = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
-    for file in (config_file, *TOKENIZER_FILES, *extra_files):
+    for file in (config_file, *TOKENIZER_FILES, *extra_files.values()):
         digest.update((ASSETS / file).read_bytes())
     return digest.hexdigest()[:12]
 

@@ -156,3 +156,14 @@ def test_two_rl_steps_then_exact_resume(family_id, tmp_path, monkeypatch, one_to
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     config = json.loads((straight / final / "actor" / "config.json").read_text())
     assert config["model_type"] == FAMILIES[family_id][1]
+
+
+def test_unknown_vision_family_and_explicit_cell_size():
+    from transformers import AutoConfig
+
+    with pytest.raises(ValueError, match="no adapter for vision-language model_type 'llava'"):
+        adapter_for(AutoConfig.for_model("llava"))
+    assert adapter_for(AutoConfig.for_model("qwen2")).merged_token_pixels(None) is None  # text-only
+    env_cfg = EnvConfig(env_kwargs={"size": 4, "cell_size": 20})
+    fit_env_to_model(env_cfg, "tiny-qwen3-vl")
+    assert env_cfg.env_kwargs["cell_size"] == 20  # a configured size is kept

@@ -1,13 +1,16 @@
 """The tiny models the repo ships: built deterministically from `assets/tiny/` and a seed, then cached.
 
 `tiny-vlm` is a Qwen2.5-VL (0.82M parameters: text hidden 128 x 2 layers, vision hidden 64 x 2
-blocks) and `tiny-text` a Qwen2 with the same text tower, both with the project's byte-level BPE
-tokenizer (scripts/train_tokenizer.py) and chat template (assets/tiny/chat_template.jinja). The
-image processor maps one 28-px cell to one merged visual token (patch 14, merge 2) and leaves
-images from 56x56 up to 280x280 unresized: FrozenLake 4x4 at 112 px -> 16 tokens, Sokoban 6x6 at
-168 px -> 36 tokens. The size class learned visual FrozenLake fastest per CPU minute
-(notes/tiny-vlm-frozenlake-sft.md). Weights are not committed; the builder writes a normal
-`save_pretrained` directory, loaded back through the same Auto* path real checkpoints use.
+blocks), `tiny-qwen3-vl` a Qwen3-VL of the same sizes (0.94M: learned vision position embeddings, one
+DeepStack layer, interleaved M-RoPE) and `tiny-text` a Qwen2 with the same text tower, all with the
+project's byte-level BPE tokenizer (scripts/train_tokenizer.py) and chat template
+(assets/tiny/chat_template.jinja: ChatML, the markup all three families use). The image processors map
+one merged visual token to one grid cell (Qwen2.5-VL: 28 px, patch 14 x merge 2; Qwen3-VL: 32 px, patch
+16 x merge 2; envs render at that cell size, vagen.rollout.manager.fit_env_to_model) and leave images of
+2 to 10 tokens a side unresized: FrozenLake 4x4 -> 16 tokens, Sokoban 6x6 -> 36 tokens. The size class
+learned visual FrozenLake fastest per CPU minute (notes/tiny-vlm-frozenlake-sft.md). Weights are not
+committed; the builder writes a normal `save_pretrained` directory, loaded back through the same Auto*
+path real checkpoints use.
 
 Cache: `$VAGEN_CACHE/models/<name>-s<seed>-<fingerprint>` (default `VAGEN_CACHE=<repo>/.cache`);
 the fingerprint hashes the asset files and the torch/transformers versions, so editing an asset

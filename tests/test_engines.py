@@ -9,11 +9,11 @@ import torch
 from PIL import Image
 
 from vagen.config import RolloutConfig
+from vagen.models.adapters.qwen_vl import QwenVL, collapse_runs
 from vagen.models.loading import load_policy
 from vagen.models.scoring import token_logprobs
 from vagen.models.vision import encode_images
 from vagen.rollout.engines import Prompt, SamplingParams, make_engine
-from vagen.rollout.engines.vllm import collapse_runs
 
 END_OF_TURN = 2  # <|im_end|> in the tiny tokenizer
 
@@ -58,7 +58,13 @@ def hf_logprobs(model, processor, prompt, generated_ids, temperature=1.0):
     ids = torch.tensor([prompt.token_ids + generated_ids])
     with torch.no_grad():
         logp, _ = token_logprobs(
-            model, ids, torch.ones_like(ids), encode_images(processor, prompt.images), 1, False, temperature
+            model,
+            ids,
+            torch.ones_like(ids),
+            encode_images(processor, QwenVL(), prompt.images),
+            1,
+            False,
+            temperature,
         )
     return logp[0, len(prompt.token_ids) :]
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vagen.models.adapters.qwen_vl import QwenVL
 from vagen.models.loading import ValueModel, checkpoint_state_dict, load_policy, load_processor
 from vagen.models.scoring import token_logprobs, token_values
 from vagen.models.tiny import ASSETS, build_tiny_model, resolve_model_path
@@ -76,10 +77,10 @@ def test_tiny_vlm_size_tokens_and_image_grid(vlm):
     # One 28-px cell = one merged token, no resizing from 56 px up to 280 px (10x10 grid).
     rng = np.random.default_rng(0)
     for size, tokens in [(112, 16), (168, 36), (280, 100)]:
-        vision = encode_images(processor, [np.asarray(random_image(rng, size))])
+        vision = encode_images(processor, QwenVL(), [np.asarray(random_image(rng, size))])
         assert vision.image_grid_thw.tolist() == [[1, size // 14, size // 14]]
-        assert vision.token_counts(merge_size=2).tolist() == [tokens]
-    assert encode_images(processor, []) is None
+        assert QwenVL().image_token_counts(model.config, vision).tolist() == [tokens]
+    assert encode_images(processor, QwenVL(), []) is None
 
 
 def test_text_model_loads_through_causal_lm_path(tiny_text_path):
@@ -276,12 +277,12 @@ def test_images_are_matched_to_rows_by_pad_tokens(vlm):
     _, processor = vlm
     rng = np.random.default_rng(5)
     vision = encode_images(
-        processor, [random_image(rng, 112), random_image(rng, 168), random_image(rng, 112)]
+        processor, QwenVL(), [random_image(rng, 112), random_image(rng, 168), random_image(rng, 112)]
     )
     pad = 5
     rows = torch.tensor([[1] + [pad] * 16 + [pad] * 36, [1] * 37 + [pad] * 16])  # images 0+1, then image 2
-    parts = split_by_rows(rows, vision, image_token_id=pad, merge_size=2)
+    parts = split_by_rows(rows, vision, [16, 36, 16], image_token_id=pad)
     assert [p.image_grid_thw.tolist() for p in parts] == [[[1, 8, 8], [1, 12, 12]], [[1, 8, 8]]]
     torch.testing.assert_close(VisionInputs.cat(parts).pixel_values, vision.pixel_values)
     with pytest.raises(ValueError, match="do not match whole images"):
-        split_by_rows(rows[:, :20], vision, image_token_id=pad, merge_size=2)
+        split_by_rows(rows[:, :20], vision, [16, 36, 16], image_token_id=pad)

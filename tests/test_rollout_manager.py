@@ -141,7 +141,7 @@ def test_window_rows_are_the_contexts_the_engine_saw(processor):
     picked = batch.select([len(batch) - 1, 0])
     assert picked.images_per_row.tolist() == [batch.images_per_row[-1].item(), batch.images_per_row[0].item()]
     pads = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    assert (picked.input_ids == pads).sum() == picked.vision.token_counts(2).sum()
+    assert (picked.input_ids == pads).sum() == picked.vision.patch_counts().sum() // 4  # 2x2 patches per pad
     assert picked.episode_ids.tolist() == [0, 1] and len(picked.episodes) == 2
 
 
@@ -230,7 +230,7 @@ def test_sampled_image_tokens_are_cut_so_contexts_stay_valid(processor):
     assert cut.finish_reason == "banned_token" and cut.reply == "<think>a"
     assert batch.episodes[1].end_reason == "banned_token" and not batch.episodes[1].turns
     pads = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    assert (batch.input_ids == pads).sum() == batch.vision.token_counts(2).sum()
+    assert (batch.input_ids == pads).sum() == batch.vision.patch_counts().sum() // 4
 
 
 @pytest.mark.parametrize(

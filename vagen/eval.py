@@ -51,8 +51,9 @@ def load_actor(cfg: RunConfig, checkpoint: Path | None):
 def evaluation_manager(cfg: RunConfig, checkpoint: Path | None = None) -> "RolloutManager":
     """A RolloutManager that plays the actor of `load_actor` (in eval mode) with the config's engine."""
     from vagen.rollout.engines import make_engine
-    from vagen.rollout.manager import RolloutManager
+    from vagen.rollout.manager import RolloutManager, fit_env_to_model
 
+    fit_env_to_model(cfg.env, cfg.model.path)
     model, processor = load_actor(cfg, checkpoint)
     model.eval()
     engine = make_engine(cfg.rollout.engine, model, processor, cfg.rollout)

@@ -46,7 +46,7 @@ from vagen.optim import backward_and_step, deepspeed_config
 from vagen.report import end_of_run_report
 from vagen.rollout.batch import RolloutBatch
 from vagen.rollout.evaluate import validate
-from vagen.rollout.manager import RolloutManager
+from vagen.rollout.manager import RolloutManager, fit_env_to_model
 from vagen.startup import check_run, quiet_libraries, seed_everything
 from vagen.updates import POLICY_UPDATES, Plan, PolicyUpdate, actor_loss
 from vagen.viz.html import write_step_page
@@ -199,6 +199,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
 
     Raises ConfigError (vagen.startup.check_run) before anything is written if an input is bad."""
     check_run(cfg)
+    fit_env_to_model(cfg.env, cfg.model.path)
     rank, world = init_distributed()
     quiet_libraries()
     sizes = derived_sizes(cfg, world)

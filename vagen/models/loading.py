@@ -1,8 +1,9 @@
 """Load policies, processors and critics from local directories (never from a hub).
 
-One path for every checkpoint: a Qwen2.5-VL / Qwen2-VL directory (config has a `vision_config`)
-loads with `AutoModelForImageTextToText` + `AutoProcessor`, anything else with
-`AutoModelForCausalLM` + `AutoTokenizer`. The tiny models are such directories (vagen.models.tiny).
+One path for every checkpoint: a vision-language directory (config has a `vision_config`) loads with
+`AutoModelForImageTextToText` + `AutoProcessor`, anything else with `AutoModelForCausalLM` +
+`AutoTokenizer`; what differs between families is in their adapters (vagen.models.adapters). The tiny
+models are such directories (vagen.models.tiny).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import (
+    AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
@@ -26,8 +28,9 @@ from transformers import (
     PreTrainedModel,
 )
 
+from vagen.models.adapters import TEXT_ONLY, ModelAdapter, adapter_for
 from vagen.models.tiny import resolve_model_path
-from vagen.models.vision import VisionInputs, mm_token_type_ids
+from vagen.models.vision import VisionInputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
@@ -38,12 +41,10 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model")
-# Language-model projections only: LoRA on the vision tower's blocks is rarely wanted.
-DEFAULT_LORA_TARGETS = r"^(?!.*visual).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
 
 
 def is_vision_language(path: str | Path) -> bool:
-    """True for a Qwen-VL-style checkpoint (its config.json has a vision_config)."""
+    """True for a vision-language checkpoint (its config.json has a vision_config)."""
     return "vision_config" in json.loads((Path(path) / "config.json").read_text())
 
 
@@ -66,6 +67,17 @@ def load_processor(path: str | Path, trust_remote_code: bool = False):
     check_model_dir(path, need_weights=False)
     loader = AutoProcessor if is_vision_language(path) else AutoTokenizer
     return loader.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+
+
+def processor_adapter(processor_or_tokenizer) -> ModelAdapter:
+    """The family adapter of the model whose processor this is: TextOnly for a bare tokenizer, else read
+    from the config.json in the directory the processor was loaded from (load_processor: the model's)."""
+    if not hasattr(processor_or_tokenizer, "image_processor"):
+        return TEXT_ONLY
+    directory = Path(tokenizer_of(processor_or_tokenizer).name_or_path)
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"cannot tell the processor's model family: no config.json in {str(directory)!r}")
+    return adapter_for(AutoConfig.from_pretrained(directory, local_files_only=True))
 
 
 def tokenizer_of(processor_or_tokenizer):
@@ -91,9 +103,10 @@ def _dtype(name: str | torch.dtype) -> torch.dtype:
 
 def apply_lora(model: PreTrainedModel, lora: LoraConfig | Mapping[str, Any]) -> nn.Module:
     """Wrap `model` with peft LoRA adapters; `lora` is a LoraConfig or its keyword arguments
-    (target_modules defaults to the language model's attention and MLP projections)."""
+    (target_modules defaults to the family's: the language model's attention and MLP projections)."""
     if not isinstance(lora, LoraConfig):
-        lora = LoraConfig(**{"target_modules": DEFAULT_LORA_TARGETS, "task_type": "CAUSAL_LM", **lora})
+        targets = adapter_for(model.config).lora_targets
+        lora = LoraConfig(**{"target_modules": targets, "task_type": "CAUSAL_LM", **lora})
     return get_peft_model(model, lora)
 
 
@@ -150,8 +163,8 @@ class ValueModel(nn.Module):
 
     def __init__(self, backbone: PreTrainedModel):
         super().__init__()
-        # A *ForCausalLM / *ForConditionalGeneration keeps its transformer in `.model`.
-        self.backbone = backbone.model if hasattr(backbone, "lm_head") else backbone
+        self.adapter = adapter_for(backbone.config)
+        self.backbone = self.adapter.backbone(backbone)
         self.config = self.backbone.config
         hidden_size = self.config.get_text_config().hidden_size
         self.value_head = nn.Linear(hidden_size, 1, dtype=torch.float32)
@@ -163,7 +176,7 @@ class ValueModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, attention_mask (B, L) -> values (B, L) float32."""
         hidden = self.backbone(
-            **model_inputs(self.config, input_ids, attention_mask, vision)
+            **self.adapter.model_inputs(self.config, input_ids, attention_mask, vision)
         ).last_hidden_state
         head_dtype = self.value_head.weight.dtype  # DeepSpeed bf16 casts the head with the backbone
         return self.value_head(hidden.to(head_dtype)).float().squeeze(-1)  # (B, L)
@@ -202,15 +215,5 @@ class ValueModel(nn.Module):
 def model_inputs(
     config, input_ids: torch.Tensor, attention_mask: torch.Tensor, vision: VisionInputs | None
 ) -> dict[str, torch.Tensor]:
-    """Forward keyword arguments for a (B, L) batch: for a VLM also pixel_values, image_grid_thw and the
-    mm_token_type_ids from which the model lays out its M-RoPE positions itself."""
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-    if getattr(config, "vision_config", None) is None:
-        return inputs
-    inputs["mm_token_type_ids"] = mm_token_type_ids(
-        input_ids, config.image_token_id, getattr(config, "video_token_id", None)
-    )
-    if vision is not None:
-        inputs["pixel_values"] = vision.pixel_values
-        inputs["image_grid_thw"] = vision.image_grid_thw
-    return inputs
+    """Forward keyword arguments for a (B, L) batch and its images, as the model's family takes them."""
+    return adapter_for(config).model_inputs(config, input_ids, attention_mask, vision)

@@ -3,7 +3,8 @@
 logp[b, i] = log softmax(z[b, i-1] / T)[input_ids[b, i]]  with z the model's logits, T the temperature;
 entropy[b, i] = -sum_v p_v log p_v of that same distribution. Position 0 (no context) and padding get 0.
 Rows are right-padded; each micro-batch is cut to its longest row, so short rows cost no padding
-compute, and M-RoPE positions come from the model itself (vagen.models.loading.model_inputs).
+compute, and the forward arguments (positions included) come from the family's adapter
+(vagen.models.adapters).
 Gradients flow when called outside `torch.no_grad()`.
 """
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from vagen.algo.losses import entropy_from_logits
+from vagen.models.adapters import adapter_for
 from vagen.models.loading import model_inputs
 from vagen.models.vision import VisionInputs, split_by_rows
 
@@ -25,10 +27,10 @@ def _micro_batches(
     """Yield (rows slice, input_ids, attention_mask, vision) per micro-batch, trimmed to its longest row."""
     if size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {size}")
-    image_token_id = getattr(config, "image_token_id", None)
     if vision is not None:
-        merge_size = config.vision_config.spatial_merge_size
-        per_row = split_by_rows(input_ids, vision, image_token_id, merge_size)
+        adapter = adapter_for(config)
+        tokens_of_image = adapter.image_token_counts(config, vision).tolist()
+        per_row = split_by_rows(input_ids, vision, tokens_of_image, adapter.image_token_id(config))
     for start in range(0, input_ids.shape[0], size):
         rows = slice(start, start + size)
         length = int(attention_mask[rows].sum(dim=1).max())

@@ -1,13 +1,16 @@
 """The tiny models the repo ships: built deterministically from `assets/tiny/` and a seed, then cached.
 
 `tiny-vlm` is a Qwen2.5-VL (0.82M parameters: text hidden 128 x 2 layers, vision hidden 64 x 2
-blocks) and `tiny-text` a Qwen2 with the same text tower, both with the project's byte-level BPE
-tokenizer (scripts/train_tokenizer.py) and chat template (assets/tiny/chat_template.jinja). The
-image processor maps one 28-px cell to one merged visual token (patch 14, merge 2) and leaves
-images from 56x56 up to 280x280 unresized: FrozenLake 4x4 at 112 px -> 16 tokens, Sokoban 6x6 at
-168 px -> 36 tokens. The size class learned visual FrozenLake fastest per CPU minute
-(notes/tiny-vlm-frozenlake-sft.md). Weights are not committed; the builder writes a normal
-`save_pretrained` directory, loaded back through the same Auto* path real checkpoints use.
+blocks), `tiny-qwen3-vl` a Qwen3-VL of the same sizes (0.94M: learned vision position embeddings, one
+DeepStack layer, interleaved M-RoPE) and `tiny-text` a Qwen2 with the same text tower, all with the
+project's byte-level BPE tokenizer (scripts/train_tokenizer.py) and chat template
+(assets/tiny/chat_template.jinja: ChatML, the markup all three families use). The image processors map
+one merged visual token to one grid cell (Qwen2.5-VL: 28 px, patch 14 x merge 2; Qwen3-VL: 32 px, patch
+16 x merge 2; envs render at that cell size, vagen.rollout.manager.fit_env_to_model) and leave images of
+2 to 10 tokens a side unresized: FrozenLake 4x4 -> 16 tokens, Sokoban 6x6 -> 36 tokens. The size class
+learned visual FrozenLake fastest per CPU minute (notes/tiny-vlm-frozenlake-sft.md). Weights are not
+committed; the builder writes a normal `save_pretrained` directory, loaded back through the same Auto*
+path real checkpoints use.
 
 Cache: `$VAGEN_CACHE/models/<name>-s<seed>-<fingerprint>` (default `VAGEN_CACHE=<repo>/.cache`);
 the fingerprint hashes the asset files and the torch/transformers versions, so editing an asset
@@ -32,9 +35,18 @@ REPO = Path(__file__).resolve().parents[2]
 ASSETS = REPO / "assets" / "tiny"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 TINY_MODELS = {
-    # name: (model config, Auto class, extra files copied beside the tokenizer)
-    "tiny-vlm": ("vlm_config.json", AutoModelForImageTextToText, ("processor_config.json",)),
-    "tiny-text": ("text_config.json", AutoModelForCausalLM, ()),
+    # name: (model config, Auto class, {file written beside the tokenizer: its asset})
+    "tiny-vlm": (
+        "vlm_config.json",
+        AutoModelForImageTextToText,
+        {"processor_config.json": "processor_config.json"},
+    ),
+    "tiny-qwen3-vl": (
+        "qwen3_vl_config.json",
+        AutoModelForImageTextToText,
+        {"processor_config.json": "qwen3_vl_processor_config.json"},
+    ),
+    "tiny-text": ("text_config.json", AutoModelForCausalLM, {}),
 }
 
 
@@ -53,15 +65,17 @@ def build_tiny_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
     model.generation_config.pad_token_id = config_dict.get("text_config", config_dict)["pad_token_id"]
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
-    for file in TOKENIZER_FILES + extra_files:
+    for file in TOKENIZER_FILES:
         shutil.copyfile(ASSETS / file, out_dir / file)
+    for file, asset in extra_files.items():
+        shutil.copyfile(ASSETS / asset, out_dir / file)
     return out_dir
 
 
 def _fingerprint(name: str) -> str:
     config_file, _, extra_files = TINY_MODELS[name]
     digest = hashlib.sha256(f"{torch.__version__} {transformers.__version__}".encode())
-    for file in (config_file, *TOKENIZER_FILES, *extra_files):
+    for file in (config_file, *TOKENIZER_FILES, *extra_files.values()):
         digest.update((ASSETS / file).read_bytes())
     return digest.hexdigest()[:12]
 

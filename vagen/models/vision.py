@@ -1,8 +1,8 @@
 """Images in, `pixel_values`/`image_grid_thw` out, and the bookkeeping that ties them to token rows.
 
-Qwen2-VL-family processors cut an image into 14-px patches, `P = sum_i t_i * h_i * w_i` patch rows of
-`D = 3 * temporal_patch * 14 * 14` values, and each `merge x merge` block of patches becomes one
-`<|image_pad|>` token in the text: image i occupies `t_i * h_i * w_i / merge**2` tokens.
+Image i owns `t_i * h_i * w_i` consecutive rows of `pixel_values` (its patch grid; a family whose
+processor gives whole images uses (1, 1, 1)) and a run of image tokens in the text whose length the
+family's adapter knows (vagen.models.adapters: `image_token_counts`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class VisionInputs:
     """All images of a batch, in the order their pad tokens appear (row by row, left to right).
 
     pixel_values:   (P, D) float, patches of all images concatenated
-    image_grid_thw: (N, 3) long, (t, h, w) patch grid of each image
+    image_grid_thw: (N, 3) long, (t, h, w) patch grid of each image (P = sum of their products)
     """
 
     pixel_values: torch.Tensor
@@ -35,10 +35,6 @@ class VisionInputs:
     def patch_counts(self) -> torch.Tensor:
         """(N,) patch rows of each image in `pixel_values`."""
         return self.image_grid_thw.prod(dim=-1)
-
-    def token_counts(self, merge_size: int) -> torch.Tensor:
-        """(N,) `<|image_pad|>` tokens of each image."""
-        return self.patch_counts() // merge_size**2
 
     def select(self, image_indices: Sequence[int]) -> VisionInputs:
         """The images at `image_indices` (in that order)."""
@@ -62,29 +58,27 @@ def as_pil(image: Image.Image | np.ndarray) -> Image.Image:
     return image.convert("RGB")
 
 
-def encode_images(processor, images: Sequence[Image.Image | np.ndarray]) -> VisionInputs | None:
-    """Patchify images with the processor's image processor (its resize rule: multiples of 28 px,
-    min/max pixels); None when there are no images (text-only rows)."""
+def encode_images(processor, adapter, images: Sequence[Image.Image | np.ndarray]) -> VisionInputs | None:
+    """Images through the processor's image processor (its resize rule) into the family's VisionInputs
+    (`adapter`: vagen.models.adapters); None when there are no images (text-only rows)."""
     if len(images) == 0:
         return None
     encoded = processor.image_processor(images=[as_pil(image) for image in images], return_tensors="pt")
-    return VisionInputs(encoded["pixel_values"], encoded["image_grid_thw"].long())
+    return adapter.vision_inputs(encoded)
 
 
 def image_token_counts_per_row(input_ids: torch.Tensor, image_token_id: int) -> torch.Tensor:
-    """(B,) number of `<|image_pad|>` tokens in each row of `input_ids` (B, L)."""
+    """(B,) number of image tokens in each row of `input_ids` (B, L)."""
     return (input_ids == image_token_id).sum(dim=1)
 
 
-def images_per_row(
-    input_ids: torch.Tensor, vision: VisionInputs, image_token_id: int, merge_size: int
-) -> list[int]:
-    """How many of `vision`'s images belong to each row, matching pad tokens to images in order.
+def images_per_row(input_ids: torch.Tensor, tokens_of_image: list[int], image_token_id: int) -> list[int]:
+    """How many images belong to each row, matching its image tokens to images (of `tokens_of_image`
+    tokens each) in order.
 
     Raises ValueError when the rows' pad tokens do not add up to whole images.
     """
     tokens_in_row = image_token_counts_per_row(input_ids, image_token_id).tolist()
-    tokens_of_image = vision.token_counts(merge_size).tolist()
     counts, image = [], 0
     for row, needed in enumerate(tokens_in_row):
         start = image
@@ -93,35 +87,25 @@ def images_per_row(
             image += 1
         if needed != 0:
             raise ValueError(
-                f"row {row}: its {tokens_in_row[row]} <|image_pad|> tokens do not match whole images "
+                f"row {row}: its {tokens_in_row[row]} image tokens do not match whole images "
                 f"(image sizes in tokens: {tokens_of_image})"
             )
         counts.append(image - start)
     if image != len(tokens_of_image):
-        raise ValueError(f"{len(tokens_of_image) - image} images left over after the last row's pad tokens")
+        raise ValueError(f"{len(tokens_of_image) - image} images left over after the last row's image tokens")
     return counts
 
 
 def split_by_rows(
-    input_ids: torch.Tensor, vision: VisionInputs | None, image_token_id: int, merge_size: int
+    input_ids: torch.Tensor, vision: VisionInputs | None, tokens_of_image: list[int], image_token_id: int
 ) -> list[VisionInputs | None]:
-    """Per row of `input_ids` (B, L), the VisionInputs of that row's images (None for a row without)."""
+    """Per row of `input_ids` (B, L), the VisionInputs of that row's images (None for a row without);
+    image i takes `tokens_of_image[i]` image tokens."""
     if vision is None:
         return [None] * input_ids.shape[0]
-    counts = images_per_row(input_ids, vision, image_token_id, merge_size)
+    counts = images_per_row(input_ids, tokens_of_image, image_token_id)
     starts = np.cumsum([0, *counts])
     return [
         vision.select(range(starts[row], starts[row + 1])) if counts[row] else None
         for row in range(len(counts))
     ]
-
-
-def mm_token_type_ids(
-    input_ids: torch.Tensor, image_token_id: int, video_token_id: int | None
-) -> torch.Tensor:
-    """(B, L) int: 0 text, 1 image pad, 2 video pad -- what Qwen-VL's `get_rope_index` reads to lay out
-    M-RoPE positions (transformers >= 5 computes 3-D positions only when this is given)."""
-    types = (input_ids == image_token_id).int()
-    if video_token_id is not None:
-        types = types + 2 * (input_ids == video_token_id).int()
-    return types

@@ -43,7 +43,7 @@ from vagen.pretrain.supervised import cached_report, inputs_key, save_atomically
 from vagen.pretrain.teachers import cell_grid
 from vagen.rollout.assembly import ChatCodec, EpisodeAssembler
 from vagen.rollout.batch import EpisodeRecord, RolloutBatch, build_batch
-from vagen.rollout.manager import make_language_env, read_chat_template, seed_schedule
+from vagen.rollout.manager import fit_env_to_model, make_language_env, read_chat_template, seed_schedule
 
 PROMPT = "Write the grid you see, one row per line."
 
@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. perception.optim.steps=1500")
     args = parser.parse_args(argv)
     cfg = load_config_or_exit(args.config, args.overrides)
+    fit_env_to_model(cfg.env, cfg.model.path)
     if args.out is None:
         print(perception_model(cfg.model.path, cfg.env, cfg.rollout, cfg.perception))
     else:

@@ -37,7 +37,13 @@ from vagen.rollout.assembly import ChatCodec
 from vagen.rollout.batch import build_batch
 from vagen.rollout.engines import make_engine
 from vagen.rollout.evaluate import EvalSummary, evaluate
-from vagen.rollout.manager import RolloutManager, make_language_env, read_chat_template, seed_schedule
+from vagen.rollout.manager import (
+    RolloutManager,
+    fit_env_to_model,
+    make_language_env,
+    read_chat_template,
+    seed_schedule,
+)
 
 
 @dataclass
@@ -168,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. warm_start.optim.steps=300")
     args = parser.parse_args(argv)
     cfg = load_config_or_exit(args.config, args.overrides)
+    fit_env_to_model(cfg.env, cfg.model.path)
     warm = cfg.warm_start if args.teacher is None else replace(cfg.warm_start, teacher=args.teacher)
     if warm.teacher == "none":
         raise SystemExit("config error: warm_start.teacher is none: pass --teacher or set it")

@@ -26,13 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from vagen.models.loading import tokenizer_of
+from vagen.models.loading import processor_adapter, tokenizer_of
 from vagen.models.vision import VisionInputs, as_pil
 
 IMAGE_PLACEHOLDER = "<image>"
-# Tokens that stand for images in a context: a reply holding one could not be fed back (or scored),
-# because the processor pairs every pad run with an image.
-CONTEXT_ONLY_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 
 
 @dataclass
@@ -51,6 +48,7 @@ class ChatCodec:
         self.processor = (
             processor_or_tokenizer if hasattr(processor_or_tokenizer, "image_processor") else None
         )
+        self.adapter = processor_adapter(processor_or_tokenizer)
         self.template = (
             chat_template
             or getattr(processor_or_tokenizer, "chat_template", None)
@@ -64,7 +62,7 @@ class ChatCodec:
             raise ValueError(f"cannot find the end-of-turn token in the template's {self.end_of_turn_text!r}")
         self.stop_token_ids = end_ids[:1]
         vocab = self.tokenizer.get_vocab()
-        self.banned_token_ids = {vocab[token] for token in CONTEXT_ONLY_TOKENS if token in vocab}
+        self.banned_token_ids = {vocab[token] for token in self.adapter.context_only_tokens if token in vocab}
         self.pad_token_id = self.tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = self.stop_token_ids[0]
@@ -89,15 +87,13 @@ class ChatCodec:
         return full[len(prompt) + len(sentinel) :]
 
     def encode(self, text: str, images: list[Image.Image]) -> Encoded:
-        """Token ids of `text`; with images, the processor expands each image's pad token and patchifies."""
+        """Token ids of `text`; with images, the processor expands each image's token and patchifies."""
         if not images:
             return Encoded(self.tokenizer.encode(text, add_special_tokens=False), None)
         if self.processor is None:
             raise ValueError("images given but the model has no image processor (text-only model?)")
         out = self.processor(text=[text], images=images, return_tensors="pt", add_special_tokens=False)
-        return Encoded(
-            out["input_ids"][0].tolist(), VisionInputs(out["pixel_values"], out["image_grid_thw"].long())
-        )
+        return Encoded(out["input_ids"][0].tolist(), self.adapter.vision_inputs(out))
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)

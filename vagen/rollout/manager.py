@@ -10,6 +10,7 @@ a reply holding one (which could not be fed back) is cut before it, like a lengt
 starts with it ends the episode ("banned_token").
 """
 
+import inspect
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -17,10 +18,14 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
+from transformers import AutoConfig
 
 import envs_visual  # noqa: F401  (registers the environments)
 from envs_visual.language import LanguageEnv
 from vagen.config import EnvConfig, RolloutConfig
+from vagen.models.adapters import adapter_for
+from vagen.models.tiny import resolve_model_path
 from vagen.rollout.assembly import ChatCodec, EpisodeAssembler
 from vagen.rollout.batch import EpisodeRecord, RolloutBatch, TurnRecord, build_batch
 from vagen.rollout.engines.base import Generation, GenerationEngine, Prompt, SamplingParams
@@ -41,6 +46,21 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
         instructions=cfg.instructions,
         action_feedback=cfg.action_feedback,
     )
+
+
+def fit_env_to_model(cfg: EnvConfig, model_path: str) -> None:
+    """An env that takes `cell_size` and is not given one renders one cell per visual token of the model
+    at `model_path` (its adapter's merged_token_pixels: 28 px for Qwen2.5-VL, 32 px for Qwen3-VL), so the
+    processor never resizes a cell across token borders. Sets cfg.env_kwargs["cell_size"] in place."""
+    if "cell_size" in cfg.env_kwargs:
+        return
+    env_class = load_env_creator(gym.spec(cfg.env_id).entry_point)
+    if "cell_size" not in inspect.signature(env_class).parameters:
+        return
+    config = AutoConfig.from_pretrained(resolve_model_path(model_path), local_files_only=True)
+    pixels = adapter_for(config).merged_token_pixels(config)
+    if pixels is not None:
+        cfg.env_kwargs["cell_size"] = pixels
 
 
 def check_random_start(env_cfg: EnvConfig, share: float, name: str) -> None:
@@ -257,8 +277,8 @@ class RolloutManager:
         return None
 
     def _without_banned_tokens(self, generation: Generation) -> tuple[list[int], list[float], str]:
-        """The sampled ids up to the first image token (CONTEXT_ONLY_TOKENS), if any: a prefix of what
-        was sampled, treated like a length cut (finish reason "banned_token")."""
+        """The sampled ids up to the first image token (the adapter's context_only_tokens), if any: a
+        prefix of what was sampled, treated like a length cut (finish reason "banned_token")."""
         token_ids, logprobs = list(generation.token_ids), list(generation.logprobs)
         for position, token_id in enumerate(token_ids):
             if token_id in self.codec.banned_token_ids:

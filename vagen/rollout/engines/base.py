@@ -22,7 +22,7 @@ from PIL import Image
 
 @dataclass
 class Prompt:
-    """One generation request. token_ids already contain each image's expanded <|image_pad|> run."""
+    """One generation request. token_ids already contain each image's expanded run of image tokens."""
 
     token_ids: list[int]
     images: list[Image.Image] = field(default_factory=list)
@@ -34,10 +34,11 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 -> off
     max_new_tokens: int = 128
-    stop_token_ids: list[int] = field(default_factory=list)  # empty -> the end-of-turn token (<|im_end|>)
+    stop_token_ids: list[int] = field(default_factory=list)  # empty -> the tokenizer's eos (<|im_end|>)
     seed: int | None = None
     # Never sampled (their probability is set to 0 before sampling): tokens that only the processor may
-    # place in a context, e.g. <|image_pad|>; fed back into the next prompt they break M-RoPE positions.
+    # place in a context (the family adapter's context_only_tokens, e.g. <|image_pad|>): fed back into
+    # the next prompt they would pair with no image.
     banned_token_ids: list[int] = field(default_factory=list)
 
 
@@ -54,16 +55,13 @@ class GenerationEngine(Protocol):
     def sync_weights(self, model: torch.nn.Module) -> None: ...
 
 
-END_OF_TURN_TOKEN = "<|im_end|>"
-
-
 def end_of_turn_id(processor_or_tokenizer) -> int:
-    """Id of <|im_end|> in the model's tokenizer."""
+    """The default stop token: the tokenizer's eos, which chat checkpoints set to their end-of-turn token
+    (<|im_end|> for Qwen's). The rollout passes the chat template's own (ChatCodec.stop_token_ids)."""
     tokenizer = getattr(processor_or_tokenizer, "tokenizer", processor_or_tokenizer)
-    token_id = tokenizer.convert_tokens_to_ids(END_OF_TURN_TOKEN)
-    if token_id is None or token_id == tokenizer.unk_token_id:
-        raise ValueError(f"the tokenizer has no {END_OF_TURN_TOKEN} token")
-    return token_id
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos token; pass SamplingParams.stop_token_ids")
+    return tokenizer.eos_token_id
 
 
 def validate(params: SamplingParams) -> None:

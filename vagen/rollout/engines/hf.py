@@ -13,7 +13,8 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from vagen.models.loading import model_inputs, tokenizer_of
+from vagen.models.adapters import adapter_for
+from vagen.models.loading import tokenizer_of
 from vagen.models.vision import encode_images
 from vagen.rollout.engines.base import (
     Generation,
@@ -56,6 +57,7 @@ class HFEngine:
 
     def __init__(self, model: torch.nn.Module, processor: Any, max_batch_size: int = 64):
         self.model = model
+        self.adapter = adapter_for(model.config)
         self.processor = processor
         self.tokenizer = tokenizer_of(processor)
         self.end_of_turn_id = end_of_turn_id(processor)
@@ -80,8 +82,8 @@ class HFEngine:
         for row, prompt in enumerate(prompts):  # left padding: generation continues at the right edge
             input_ids[row, length - len(prompt.token_ids) :] = torch.tensor(prompt.token_ids)
             attention_mask[row, length - len(prompt.token_ids) :] = 1
-        vision = encode_images(self.processor, [image for p in prompts for image in p.images])
-        inputs = model_inputs(self.model.config, input_ids, attention_mask, vision)
+        vision = encode_images(self.processor, self.adapter, [image for p in prompts for image in p.images])
+        inputs = self.adapter.model_inputs(self.model.config, input_ids, attention_mask, vision)
         inputs = {k: v.to(device) for k, v in inputs.items()}
 
         stop_ids = params.stop_token_ids or [self.end_of_turn_id]

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from vagen.models.adapters import adapter_for
 from vagen.models.loading import checkpoint_state_dict
 from vagen.rollout.engines.base import (
     Generation,
@@ -49,16 +50,6 @@ def _import_vllm():
     except ImportError as error:
         raise ImportError(INSTALL_HINT) from error
     return vllm
-
-
-def collapse_runs(token_ids: list[int], token_id: int) -> list[int]:
-    """Each run of `token_id` shortened to one token.
-
-    vLLM's Qwen-VL input processor expands every <|image_pad|> it is given into the image's full run;
-    given an already expanded run it expands again (34 prompt tokens became 49, with shifted M-RoPE
-    positions and log-probs 0.3 nats off), so prompts go in with one pad per image.
-    """
-    return [t for i, t in enumerate(token_ids) if t != token_id or i == 0 or token_ids[i - 1] != token_id]
 
 
 class VLLMEngine:
@@ -101,7 +92,8 @@ class VLLMEngine:
             options["max_num_batched_tokens"] = max(max_model_len, 16384)
         if getattr(model.config, "vision_config", None) is not None:
             options["limit_mm_per_prompt"] = {"image": max_images_per_prompt, "video": 0}
-        self.image_token_id = getattr(model.config, "image_token_id", None)
+        self.config = model.config
+        self.adapter = adapter_for(model.config)
         # In-process, vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
         # process and may change the thread count; the trainer shares that thread pool, so keep its choice.
         set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
@@ -123,7 +115,7 @@ class VLLMEngine:
         for index, prompt in enumerate(prompts):
             request = {"prompt_token_ids": list(prompt.token_ids)}
             if prompt.images:
-                request["prompt_token_ids"] = collapse_runs(prompt.token_ids, self.image_token_id)
+                request["prompt_token_ids"] = self.adapter.engine_prompt(self.config, prompt.token_ids)
                 request["multi_modal_data"] = {"image": list(prompt.images)}
             requests.append(request)
             sampling.append(

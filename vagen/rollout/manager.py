@@ -51,15 +51,17 @@ def make_language_env(cfg: EnvConfig) -> LanguageEnv:
 def fit_env_to_model(cfg: EnvConfig, model_path: str) -> None:
     """An env that takes `cell_size` and is not given one renders one cell per visual token of the model
     at `model_path` (its adapter's merged_token_pixels: 28 px for Qwen2.5-VL, 32 px for Qwen3-VL), so the
-    processor never resizes a cell across token borders. Sets cfg.env_kwargs["cell_size"] in place."""
+    processor never resizes a cell across token borders. Sets cfg.env_kwargs["cell_size"] in place, only
+    where it differs from the env's default (so configs and cache keys of such runs stay as they were)."""
     if "cell_size" in cfg.env_kwargs:
         return
     env_class = load_env_creator(gym.spec(cfg.env_id).entry_point)
-    if "cell_size" not in inspect.signature(env_class).parameters:
+    parameter = inspect.signature(env_class).parameters.get("cell_size")
+    if parameter is None:
         return
     config = AutoConfig.from_pretrained(resolve_model_path(model_path), local_files_only=True)
     pixels = adapter_for(config).merged_token_pixels(config)
-    if pixels is not None:
+    if pixels is not None and pixels != parameter.default:
         cfg.env_kwargs["cell_size"] = pixels
 
 

@@ -155,14 +155,9 @@ class PerceptionConfig:
     eval_samples: int = option(512, "validation samples scored after training", ge=1)
     seed: int = option(0, "seed of the levels, walks, data order and torch")
     optim: SupervisedOptim = section(
-        SupervisedOptim,
-        "its AdamW steps",
-        steps=3000,
-        batch_size=64,
-        lr=1e-3,
-        warmup_steps=50,
+        SupervisedOptim, "its AdamW steps", steps=3000, batch_size=64, lr=1e-3, warmup_steps=50,
         min_lr_ratio=0.3,
-    )
+    )  # fmt: skip
 
 
 @dataclass
@@ -194,6 +189,9 @@ class EnvConfig:
     worldmodel_reward_weight: float = option(
         0.0, "weight of the F1 of <prediction> vs the true next state", ge=0
     )
+    remote: str | None = option(None, "URL of an env server (docs/env-service.md); None = envs in process")
+    remote_timeout_s: float = option(30.0, "env.remote: seconds a request may take before a retry", gt=0)
+    remote_retries: int = option(2, "env.remote: retries of a failed request, then its episode ends", ge=0)
 
 
 @dataclass

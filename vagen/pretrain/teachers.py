@@ -170,7 +170,7 @@ def play_teacher_episodes(
     codec, each is also assembled like RolloutManager.collect (same template, window and masks), the
     replies tokenised from the teacher's text. Returns the episodes and their rows (segments)."""
     rng = np.random.default_rng(seed)
-    env = make_language_env(env_cfg)
+    env = make_language_env(env_cfg, local=True)
     records, segments = [], []
     for seeds in episode_seeds:
         assembler = episode_assembler(codec, env, rollout_cfg.window)
@@ -218,7 +218,7 @@ def optimal_success(
     """Mean over the levels of the optimal policy's success within the action budget (value iteration on
     the true slippery model, `optimal_plan`); None for envs without one (Sokoban is deterministic:
     its optimum is 1 on every generated level)."""
-    env = make_language_env(env_cfg).env
+    env = make_language_env(env_cfg, local=True).env
     if not hasattr(env.unwrapped, "optimal_plan"):
         return None
     horizon = min(rollout_cfg.max_actions_per_episode, env.unwrapped.max_steps)

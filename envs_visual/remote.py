@@ -88,6 +88,7 @@ class RemoteEnv(gymnasium.Env):
         reply = self.client.request("POST", "/sessions", {"env_id": self.env_id, "kwargs": pack(self.kwargs)})
         self.session = reply["session"]
         self._attributes = unpack(reply["attributes"])
+        self._state = unpack(reply["state"])  # before a reset: the attributes alone (layout_key "")
         self.action_space = gymnasium.spaces.Discrete(len(self._attributes["action_names"]))
 
     def __getattr__(self, name: str) -> Any:
@@ -100,6 +101,8 @@ class RemoteEnv(gymnasium.Env):
             if name in STATE_METHODS:
                 return lambda: value.copy() if isinstance(value, np.ndarray) else list(value)
             return value
+        if name in attributes.get("state_methods", ()):
+            return _needs_reset
         raise AttributeError(f"{self.env_id} on {self.client.url} has no attribute {name!r}")
 
     def next_call(self, op: str, **arguments: Any) -> dict[str, Any]:
@@ -138,6 +141,10 @@ class RemoteEnv(gymnasium.Env):
     def _take(self, reply: dict[str, Any]) -> dict[str, Any]:
         self._state = unpack(reply["state"])
         return unpack(reply["observation"])
+
+
+def _needs_reset() -> None:
+    raise gymnasium.error.ResetNeeded("reset the env before reading its state")
 
 
 def _key(arguments: dict[str, Any]) -> tuple:

@@ -7,7 +7,7 @@ A session is one env: made for an env id and gymnasium.make kwargs, then reset a
 (or expired after `--idle-timeout` seconds unused). Bodies and replies are JSON (values packed by
 envs_visual.wire: images as PNG):
 
-  POST   /sessions               {"env_id", "kwargs"}        -> {"session", "attributes"}
+  POST   /sessions               {"env_id", "kwargs"}        -> {"session", "attributes", "state"}
   POST   /sessions/{id}/reset    {"seq", "seed", "options"}  -> {"observation", "info", "state"}
   POST   /sessions/{id}/step     {"seq", "action"}           -> {"observation", "reward", "terminated",
                                                                  "truncated", "info", "state"}
@@ -40,7 +40,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from envs_visual import ENV_IDS
-from envs_visual.wire import pack, state_of, static_attributes, unpack
+from envs_visual.wire import STATE_ATTRIBUTES, pack, state_of, static_attributes, unpack
 
 
 class ServiceError(Exception):
@@ -202,7 +202,9 @@ def create_app(store: SessionStore | None = None) -> FastAPI:
     @app.post("/sessions")
     def create(body: CreateBody) -> dict[str, Any]:
         session_id, attributes = store.create(body.env_id, body.kwargs)
-        return {"session": session_id, "attributes": attributes}
+        game = store.get(session_id).env.unwrapped
+        state = {name: pack(getattr(game, name)) for name in STATE_ATTRIBUTES if hasattr(game, name)}
+        return {"session": session_id, "attributes": attributes, "state": state}
 
     @app.post("/sessions/{session_id}/reset")
     def reset(session_id: str, body: ResetBody) -> dict[str, Any]:

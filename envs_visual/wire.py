@@ -87,8 +87,9 @@ def unpack(value: Any) -> Any:
 
 
 def static_attributes(game: Any) -> dict[str, Any]:
-    """The packed STATIC_ATTRIBUTES the env has."""
-    return {name: pack(getattr(game, name)) for name in STATIC_ATTRIBUTES if hasattr(game, name)}
+    """The packed STATIC_ATTRIBUTES the env has, and under "state_methods" the STATE_METHODS it has."""
+    attributes = {name: pack(getattr(game, name)) for name in STATIC_ATTRIBUTES if hasattr(game, name)}
+    return attributes | {"state_methods": [name for name in STATE_METHODS if hasattr(game, name)]}
 
 
 def state_of(game: Any) -> dict[str, Any]:

@@ -199,34 +199,35 @@ def create_app(store: SessionStore | None = None) -> FastAPI:
     def health() -> dict[str, int]:
         return {"sessions": len(store.sessions)}
 
+    # replies are plain JSON already (envs_visual.wire): JSONResponse skips FastAPI's jsonable_encoder walk
     @app.post("/sessions")
-    def create(body: CreateBody) -> dict[str, Any]:
+    def create(body: CreateBody) -> JSONResponse:
         session_id, attributes = store.create(body.env_id, body.kwargs)
         game = store.get(session_id).env.unwrapped
         state = {name: pack(getattr(game, name)) for name in STATE_ATTRIBUTES if hasattr(game, name)}
-        return {"session": session_id, "attributes": attributes, "state": state}
+        return JSONResponse({"session": session_id, "attributes": attributes, "state": state})
 
     @app.post("/sessions/{session_id}/reset")
-    def reset(session_id: str, body: ResetBody) -> dict[str, Any]:
-        return run_call(store, Call(session=session_id, op="reset", **body.model_dump()))
+    def reset(session_id: str, body: ResetBody) -> JSONResponse:
+        return JSONResponse(run_call(store, Call(session=session_id, op="reset", **body.model_dump())))
 
     @app.post("/sessions/{session_id}/step")
-    def step(session_id: str, body: StepBody) -> dict[str, Any]:
-        return run_call(store, Call(session=session_id, op="step", **body.model_dump()))
+    def step(session_id: str, body: StepBody) -> JSONResponse:
+        return JSONResponse(run_call(store, Call(session=session_id, op="step", **body.model_dump())))
 
     @app.delete("/sessions/{session_id}")
     def close(session_id: str) -> dict[str, Any]:
         return run_call(store, Call(session=session_id, op="close"))
 
     @app.post("/batch")
-    def batch(body: BatchBody) -> dict[str, Any]:
+    def batch(body: BatchBody) -> JSONResponse:
         results = []
         for call in body.calls:
             try:
                 results.append({"reply": run_call(store, call)})
             except ServiceError as err:
                 results.append({"status": err.status, "error": err.reason})
-        return {"results": results}
+        return JSONResponse({"results": results})
 
     return app
 

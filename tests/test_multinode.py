@@ -32,6 +32,7 @@ def launch_nodes(run_dir: Path, servers: list[str], **extra) -> list[subprocess.
         launcher += [f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={master_port}"]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
         env |= {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "VAGEN_ENV_REMOTE": url}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
         command = launcher + ["vagen/train.py", "--config", "configs/frozenlake_tiny.yaml", *overrides]
         nodes.append(
             subprocess.Popen(

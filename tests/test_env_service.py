@@ -19,7 +19,7 @@ from test_rollout_manager import ScriptedEngine  # a sibling test module
 from test_trainer import comparable, tiny_overrides
 
 import envs_visual  # noqa: F401  (registers the environments)
-from envs_visual.remote import ServiceClient, SessionLost, reset_all
+from envs_visual.remote import EnvServiceError, RemoteEnv, ServiceClient, SessionLost, reset_all
 from envs_visual.service import SessionStore, create_app
 from vagen.config import ConfigError, EnvConfig, RolloutConfig, load_config
 from vagen.metrics import read_metrics
@@ -144,6 +144,25 @@ def test_a_server_restart_mid_rollout_ends_only_the_live_episodes(tiny_vlm_path)
         assert manager.env_errors == 0 and all(e.end_reason != "env_error" for e in again)
     finally:
         stop_server(servers[-1])
+
+
+def test_a_failed_reset_drops_its_group_and_is_counted(server_url, tiny_vlm_path, monkeypatch):
+    processor = load_processor(tiny_vlm_path)
+    env_cfg = EnvConfig(env_id=FROZENLAKE, env_kwargs={"size": 4}, remote=server_url, remote_retries=0)
+    cfg = RolloutConfig(num_groups=2, group_size=2, max_turns=1, max_new_tokens=16)
+    manager = RolloutManager(env_cfg, cfg, ScriptedEngine(processor.tokenizer, [GOOD]), processor)
+    seeds = manager.seeds.next_train(2, 2)
+    reset = RemoteEnv.reset
+
+    def lost_for_one_member(env, *, seed=None, options=None):
+        if options["dynamics_seed"] == seeds[1].dynamics:  # group 0, member 1
+            raise EnvServiceError("no answer")
+        return reset(env, seed=seed, options=options)
+
+    monkeypatch.setattr(RemoteEnv, "reset", lost_for_one_member)
+    episodes = manager.collect(seeds).episodes
+    assert [(e.group, e.member) for e in episodes] == [(1, 0), (1, 1)]
+    assert manager.env_errors == 2  # the member whose reset failed, and its group mate
 
 
 def test_a_lost_session_raises_and_a_reset_reopens_it():

@@ -22,8 +22,11 @@ def test_accumulator_weights_items_not_calls():
     stats.add("critic/vf_loss", 5.0, weight=0)  # no tokens: contributes nothing
     stats.add_max("time/rollout_s", 2.0)
     stats.add_max("time/rollout_s", 1.0)
+    stats.add_sum("rollout/env_errors", 2)  # a count: summed, not averaged
+    stats.add_sum("rollout/env_errors", 1)
     reduced = stats.reduce()
-    assert reduced == {"train/success_rate": 0.75, "critic/vf_loss": 0.0, "time/rollout_s": 2.0}
+    expected = {"train/success_rate": 0.75, "critic/vf_loss": 0.0, "time/rollout_s": 2.0}
+    assert reduced == expected | {"rollout/env_errors": 3.0}
 
 
 def test_explained_variance_is_over_the_whole_step_not_per_micro_batch():

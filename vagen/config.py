@@ -24,8 +24,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException, ValidationError
 
-# Names owned by other modules, repeated here so that loading a config imports none of them; tests
-# check each tuple against its registry (vagen.algo, vagen.updates, envs_visual.language, ...).
+# Names owned by other modules, repeated so that loading a config imports none of them (tests check).
 ADVANTAGE_ESTIMATORS = ("gae", "turn_gae", "bilevel_gae", "grpo", "rloo", "gigpo")
 POLICY_UPDATES = ("ppo", "mpo")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "episode-mean")
@@ -156,14 +155,9 @@ class PerceptionConfig:
     eval_samples: int = option(512, "validation samples scored after training", ge=1)
     seed: int = option(0, "seed of the levels, walks, data order and torch")
     optim: SupervisedOptim = section(
-        SupervisedOptim,
-        "its AdamW steps",
-        steps=3000,
-        batch_size=64,
-        lr=1e-3,
-        warmup_steps=50,
+        SupervisedOptim, "its AdamW steps", steps=3000, batch_size=64, lr=1e-3, warmup_steps=50,
         min_lr_ratio=0.3,
-    )
+    )  # fmt: skip
 
 
 @dataclass
@@ -195,6 +189,9 @@ class EnvConfig:
     worldmodel_reward_weight: float = option(
         0.0, "weight of the F1 of <prediction> vs the true next state", ge=0
     )
+    remote: str | None = option(None, "URL of an env server (docs/env-service.md); None = envs in process")
+    remote_timeout_s: float = option(30.0, "env.remote: seconds a request may take before a retry", gt=0)
+    remote_retries: int = option(2, "env.remote: retries of a failed request, then its episode ends", ge=0)
 
 
 @dataclass
@@ -297,13 +294,8 @@ class AlgoConfig:
     kl_coef: float = option(0.001, "weight of KL(actor || reference); 0 = no reference", ge=0)
     kl_kind: str = option("k3", "KL estimator", choices=KL_ESTIMATORS)
     kl_in_reward: bool = option(False, "KL as a per-token reward penalty (True) or as an actor loss term")
-    kl_tokens: str = option(
-        "loss",
-        "policy_loss=ppo: the tokens the KL anchor and entropy bonus act on; loss: those with policy loss | "
-        "rest: the sampled tokens without it (with rollout.loss_spans=[answer]: TRICO's selective masks; "
-        "mpo always anchors the reply's non-action tokens)",
-        choices=KL_TOKENS,
-    )
+    kl_tokens: str = option("loss", "ppo: tokens the KL anchor and entropy act on; loss (with policy "
+        "loss) | rest (sampled, without it: TRICO's selective masks)", choices=KL_TOKENS)  # fmt: skip
     vf_clip: float = option(0.5, "value clip around the rollout-time values", gt=0)
     critic: str = option(
         "model",

@@ -30,12 +30,14 @@ class MetricAccumulator:
     reduced value is sum_ranks sum_i w_i v_i / sum_ranks sum_i w_i (a mean over all items of all
     ranks, not a mean of per-rank means). A key with total weight 0 reduces to 0.
     add_max(key, value): the reduced value is the maximum over ranks (timings).
+    add_sum(key, value): the reduced value is the sum over ranks (counts).
     """
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = defaultdict(float)
         self.weights: dict[str, float] = defaultdict(float)
         self.maxima: dict[str, float] = {}
+        self.totals: dict[str, float] = defaultdict(float)
 
     def add(self, key: str, value: float, weight: float = 1.0) -> None:
         self.sums[key] += float(value) * weight
@@ -44,26 +46,33 @@ class MetricAccumulator:
     def add_max(self, key: str, value: float) -> None:
         self.maxima[key] = max(self.maxima.get(key, -math.inf), float(value))
 
+    def add_sum(self, key: str, value: float) -> None:
+        self.totals[key] += float(value)
+
     def reduce(self) -> dict[str, float]:
         """Collective when distributed: every rank calls it once per step."""
-        mean_keys, max_keys = sorted(self.sums), sorted(self.maxima)
+        mean_keys, max_keys, sum_keys = sorted(self.sums), sorted(self.maxima), sorted(self.totals)
         if dist.is_initialized() and dist.get_world_size() > 1:
             # the key sets may differ between ranks (e.g. one rank filtered everything): take the union
             all_keys: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(all_keys, (mean_keys, max_keys))
-            mean_keys = sorted({k for keys, _ in all_keys for k in keys})
-            max_keys = sorted({k for _, keys in all_keys for k in keys})
+            dist.all_gather_object(all_keys, (mean_keys, max_keys, sum_keys))
+            mean_keys, max_keys, sum_keys = (
+                sorted({k for keys in all_keys for k in keys[i]}) for i in range(3)
+            )
         sums = torch.tensor(
             [[self.sums.get(k, 0.0), self.weights.get(k, 0.0)] for k in mean_keys], dtype=torch.float64
         )
         maxima = torch.tensor([self.maxima.get(k, -math.inf) for k in max_keys], dtype=torch.float64)
+        totals = torch.tensor([self.totals.get(k, 0.0) for k in sum_keys], dtype=torch.float64)
         device = torch.device(get_accelerator().current_device_name())  # nccl needs GPU tensors
-        sums, maxima = sums.to(device), maxima.to(device)
+        sums, maxima, totals = sums.to(device), maxima.to(device), totals.to(device)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM)  # named reduction: weighted sums and weights
             dist.all_reduce(maxima, op=dist.ReduceOp.MAX)  # named reduction: slowest rank's timings
+            dist.all_reduce(totals, op=dist.ReduceOp.SUM)  # named reduction: counts of all ranks
         out = {k: (s / w if w > 0 else 0.0) for k, (s, w) in zip(mean_keys, sums.cpu().tolist(), strict=True)}
         out |= dict(zip(max_keys, maxima.cpu().tolist(), strict=True))
+        out |= dict(zip(sum_keys, totals.cpu().tolist(), strict=True))
         return out
 
 

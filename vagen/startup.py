@@ -2,8 +2,9 @@
 
 `check_run(cfg)` raises one ConfigError line for the first problem it finds and writes nothing: what the
 chosen policy update and estimator need of the config (their registries), the model path, the DeepSpeed
-file against the run's batch shape, and the env (built and reset once with its kwargs) with what the warm
-start's teacher and the critic read of it (envs_visual.contract).
+file against the run's batch shape, and the env (built and reset once with its kwargs; on the env server
+when `env.remote` is set, which must then answer) with what the warm start's teacher and the critic read
+of it (envs_visual.contract).
 """
 
 import logging
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 import transformers
 
+from envs_visual.remote import EnvServiceError
 from vagen.batching import derived_sizes
 from vagen.config import ConfigError, RunConfig
 from vagen.models.loading import check_model_dir
@@ -44,14 +46,21 @@ def check_run(cfg: RunConfig) -> None:
         except FileNotFoundError as err:
             raise _bad("model.path", str(err)) from None
     deepspeed_config(cfg, derived_sizes(cfg, int(os.environ.get("WORLD_SIZE", "1"))))
+    remote = cfg.env.remote
+    if remote is not None and not remote.startswith(("http://", "https://")):
+        raise _bad("env.remote", f"{remote!r} is not an http:// or https:// URL")
     try:
         env = make_language_env(cfg.env)
         observation, _ = env.reset(seed=cfg.trainer.seed)
         check_random_start(cfg.env, cfg.rollout.random_start, "rollout.random_start")
     except (gym.error.Error, TypeError, ValueError, KeyError, AssertionError) as err:
         raise _bad("env", f"{cfg.env.env_id} with {cfg.env.env_kwargs}: {err}".splitlines()[0]) from None
-    teacher = cfg.warm_start.teacher
-    if teacher != "none" and not teacher_available(env.env.unwrapped, teacher):
+    except EnvServiceError as err:
+        raise _bad("env.remote", str(err).splitlines()[0]) from None
+    teacher = cfg.warm_start.teacher  # teachers play a local copy of the game
+    if teacher != "none" and not teacher_available(
+        make_language_env(cfg.env, local=True).env.unwrapped, teacher
+    ):
         raise _bad(
             "warm_start.teacher",
             f"{teacher} needs the env's {TEACHER_NEEDS[teacher]}(); {cfg.env.env_id} has none",

@@ -260,6 +260,7 @@ def train(cfg: RunConfig) -> dict[str, Any]:
         plan = plan_update(update, models, kept, kept_scores, cfg, stats)
         timings["time/score_s"] = time.perf_counter() - start
         rollout_metrics(batch, tokenizer, stats, PROMPT_FORMATS[cfg.env.prompt_format].think_parts)
+        stats.add_sum("rollout/env_errors", manager.env_errors)
         scoring_metrics(batch, scores, cfg, stats)
 
         # 5. update

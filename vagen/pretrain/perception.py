@@ -51,7 +51,7 @@ PROMPT = "Write the grid you see, one row per line."
 def walk_states(env_cfg: EnvConfig, level_seeds: list[int], max_walk: int, seed: int):
     """(image, grid text) per level: the state after a random walk of 0..max_walk non-terminating steps."""
     rng = np.random.default_rng(seed)
-    env = make_language_env(env_cfg).env
+    env = make_language_env(env_cfg, local=True).env
     for level in level_seeds:
         env.reset(seed=level)
         game = env.unwrapped
@@ -109,7 +109,7 @@ def pretrain_perception(
     torch.manual_seed(cfg.seed)
     model, processor = load_policy(model_path)
     codec = ChatCodec(processor, read_chat_template(rollout_cfg.chat_template))
-    system_prompt = make_language_env(env_cfg).system_prompt
+    system_prompt = make_language_env(env_cfg, local=True).system_prompt
     seeds = seed_schedule(env_cfg, cfg.seed)  # its levels: training ones, validation layouts held out
     train_levels = [s.level for s in seeds.next_train(cfg.samples, 1)]
     val_levels = [s.level for s in seeds.validation(cfg.eval_samples, 1)]

@@ -132,7 +132,7 @@ def run_sft(
     records, segments = play_teacher_episodes(env_cfg, rollout_cfg, codec, train_seeds, cfg.teacher, cfg.seed)
     data = build_batch(segments, records, codec.pad_token_id)
     val_seeds = seeds.validation(cfg.eval_levels, 1)
-    game = make_language_env(env_cfg).env.unwrapped
+    game = make_language_env(env_cfg, local=True).env.unwrapped
     references = {
         t: teacher_success(env_cfg, rollout_cfg, val_seeds, t) for t in TEACHERS if teacher_available(game, t)
     }

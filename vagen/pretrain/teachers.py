@@ -178,7 +178,7 @@ def play_teacher_episodes(
     codec, each is also assembled like RolloutManager.collect (same template, window and masks), the
     replies tokenised from the teacher's text. Returns the episodes and their rows (segments)."""
     rng = np.random.default_rng(seed)
-    env = make_language_env(env_cfg)
+    env = make_language_env(env_cfg, local=True)
     records, segments = [], []
     for seeds in episode_seeds:
         assembler = episode_assembler(codec, env, rollout_cfg.window)
@@ -226,7 +226,7 @@ def optimal_success(
     """Mean over the levels of the optimal policy's success within the action budget (the env's
     `optimal_success(horizon)`, e.g. value iteration on slippery FrozenLake's true model); None for envs
     without one."""
-    env = make_language_env(env_cfg).env
+    env = make_language_env(env_cfg, local=True).env
     if not hasattr(env.unwrapped, "optimal_success"):
         return None
     horizon = min(rollout_cfg.max_actions_per_episode, env.unwrapped.max_steps)

@@ -101,6 +101,7 @@ def validate(
     loses success there, one on a fixed route does not."""
     share = manager.seeds.validation(levels, group_size)[rank::world]
     episodes = manager.play_episodes(share, temperature=temperature)
+    env_errors = manager.env_errors
     blank = [] if manager.env_cfg.text_only else manager.play_episodes(share, temperature, blank_images=True)
     counts = [
         sum(ep.success for ep in episodes),
@@ -108,10 +109,11 @@ def validate(
         sum(ep.episode_return for ep in episodes),
         sum(len(ep.turns) for ep in episodes),
         sum(ep.success for ep in blank),
+        env_errors + (manager.env_errors if blank else 0),
     ]
     totals = torch.tensor(counts, dtype=torch.float64, device=comm_device())
-    dist.all_reduce(totals)  # named reduction: SUM of successes, episodes, returns, turns, blank successes
-    wins, n, total_return, total_turns, blank_wins = totals.cpu().tolist()
+    dist.all_reduce(totals)  # named reduction: SUM of successes, episodes, returns, turns, blank successes,
+    wins, n, total_return, total_turns, blank_wins, env_errors = totals.cpu().tolist()  # and env errors
     low, high = wilson_interval(int(wins), int(n))
     metrics = {
         "val/success_rate": wins / n,
@@ -119,6 +121,7 @@ def validate(
         "val/success_ci_high": high,
         "val/return_mean": total_return / n,
         "val/turns_mean": total_turns / n,
+        "val/env_errors": env_errors,
     }
     if not manager.env_cfg.text_only:
         metrics["val/success_rate_blank_image"] = blank_wins / n

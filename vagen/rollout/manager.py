@@ -8,8 +8,13 @@ success or failure (env terminated / truncated), after `max_turns` replies, once
 Engines never sample image tokens (SamplingParams.banned_token_ids); should an engine ignore the ban,
 a reply holding one (which could not be fed back) is cut before it, like a length cut, and one that
 starts with it ends the episode ("banned_token").
+With `env.remote`, the games run on an env server (envs_visual.service; docs/env-service.md): the resets of
+a rollout go in one request, and a step the service fails (after its retries) ends only that episode
+("env_error", the turn kept with no action executed and no env reward); a reset it fails drops the
+episode's group from the rollout. Both are counted in `env_errors` (rollout/env_errors) and logged.
 """
 
+import functools
 import inspect
 import time
 from collections import defaultdict
@@ -22,7 +27,8 @@ from gymnasium.envs.registration import load_env_creator
 from transformers import AutoConfig
 
 import envs_visual  # noqa: F401  (registers the environments)
-from envs_visual.language import LanguageEnv
+from envs_visual.language import LanguageEnv, parse_reply
+from envs_visual.remote import EnvServiceError, ServiceClient, reset_all
 from vagen.config import EnvConfig, RolloutConfig
 from vagen.models.adapters import adapter_for
 from vagen.models.tiny import resolve_model_path
@@ -33,9 +39,26 @@ from vagen.rollout.reasoning import score_reasoning
 from vagen.rollout.seeds import EpisodeSeeds, SeedSchedule, derive_seed
 
 
-def make_language_env(cfg: EnvConfig) -> LanguageEnv:
+@functools.cache
+def service_client(url: str, timeout_s: float, retries: int) -> ServiceClient:
+    """One connection pool per env server and process."""
+    return ServiceClient(url, timeout_s, retries)
+
+
+def make_env(cfg: EnvConfig, local: bool = False) -> gym.Env:
+    """The game: a session on the env server `env.remote` if set (and not `local`), else in this process."""
+    if cfg.remote is None or local:
+        return gym.make(cfg.env_id, **cfg.env_kwargs)
+    return service_client(cfg.remote, cfg.remote_timeout_s, cfg.remote_retries).make(
+        cfg.env_id, cfg.env_kwargs
+    )
+
+
+def make_language_env(cfg: EnvConfig, local: bool = False) -> LanguageEnv:
+    """The game behind the language layer. `local`: in this process even with `env.remote` (the warm
+    start's teachers and the perception data read the game itself: its solver, copies of it)."""
     return LanguageEnv(
-        gym.make(cfg.env_id, **cfg.env_kwargs),
+        make_env(cfg, local),
         prompt_format=cfg.prompt_format,
         max_actions_per_turn=cfg.max_actions_per_turn,
         format_reward=cfg.format_reward,
@@ -68,9 +91,12 @@ def fit_env_to_model(cfg: EnvConfig, model_path: str) -> None:
 def check_random_start(env_cfg: EnvConfig, share: float, name: str) -> None:
     """Exploring starts (share > 0) need an env that can start elsewhere than its start state (one with
     `supports_random_start`: envs_visual.contract)."""
-    if share > 0 and not getattr(
-        gym.make(env_cfg.env_id, **env_cfg.env_kwargs).unwrapped, "supports_random_start", False
-    ):
+    if share <= 0:
+        return
+    env = make_env(env_cfg)
+    supported = getattr(env.unwrapped, "supports_random_start", False)
+    env.close()
+    if not supported:
         raise ValueError(
             f"{name}={share} needs an env with random starts (supports_random_start); "
             f"{env_cfg.env_id} has none"
@@ -96,7 +122,7 @@ def episode_assembler(
 def layout_probe(cfg: EnvConfig) -> Callable[[int], str] | None:
     """seed -> the layout key of the level that seed makes (one private env, reset only); None for an env
     without `layout_key`, whose levels are then split by seed range alone."""
-    env = gym.make(cfg.env_id, **cfg.env_kwargs)
+    env = make_env(cfg)
     if not hasattr(env.unwrapped, "layout_key"):
         return None
 
@@ -141,7 +167,8 @@ class RolloutManager:
     `play_episodes(seeds)` plays them for their records only (validation: no token rows are collated).
 
     `timings` holds the seconds spent in the last collect: generate, env (reset + step, rendering
-    included), assemble (templates, tokenising, images), reward (reasoning matcher), batch (collation).
+    included), assemble (templates, tokenising, images), reward (reasoning matcher), batch (collation);
+    `env_errors` the episodes the env service failed in it (module docstring).
     """
 
     def __init__(
@@ -161,6 +188,7 @@ class RolloutManager:
         self.envs: list[LanguageEnv] = []
         check_random_start(env_cfg, cfg.random_start, "rollout.random_start")
         self.timings: dict[str, float] = {}
+        self.env_errors = 0
 
     def train_batch(self) -> RolloutBatch:
         """G groups x n members on the next G training levels (exploring starts if `random_start`)."""
@@ -223,18 +251,31 @@ class RolloutManager:
     ) -> list[_Episode]:
         reset_options = {"random_start": self.cfg.random_start} if training else {}
         timings: dict[str, float] = defaultdict(float)
+        self.env_errors = 0
         while len(self.envs) < len(episode_seeds):
             self.envs.append(make_language_env(self.env_cfg))
-        episodes = []
-        for seeds, env in zip(episode_seeds, self.envs, strict=False):
+        envs = self.envs[: len(episode_seeds)]
+        options = [{**reset_options, "dynamics_seed": seeds.dynamics} for seeds in episode_seeds]
+        start = time.perf_counter()
+        reset_all([env.env for env in envs], [seeds.level for seeds in episode_seeds], options)
+        timings["env"] += time.perf_counter() - start
+        episodes, lost_groups = [], set()
+        for seeds, env, reset_option in zip(episode_seeds, envs, options, strict=True):
             assembler = episode_assembler(self.codec, env, self.cfg.window, keep_vision=keep_rows)
             episode = _Episode(seeds, env, assembler)
             start = time.perf_counter()
             env.max_actions_per_turn = self.env_cfg.max_actions_per_turn
-            options = {**reset_options, "dynamics_seed": seeds.dynamics}
-            episode.observation, _ = env.reset(seed=seeds.level, options=options)
+            try:
+                episode.observation, _ = env.reset(seed=seeds.level, options=reset_option)
+                episodes.append(episode)
+            except EnvServiceError as err:
+                self._count_env_error(seeds, "reset", err, "its group is dropped")
+                lost_groups.add(seeds.group)
             timings["env"] += time.perf_counter() - start
-            episodes.append(episode)
+        self.env_errors += sum(episode.record.group in lost_groups for episode in episodes)  # dropped too
+        episodes = [episode for episode in episodes if episode.record.group not in lost_groups]
+        if not episodes:
+            raise EnvServiceError(f"the env service at {self.env_cfg.remote} failed every reset of a rollout")
         for turn in range(self.cfg.max_turns):
             playing, prompts = [], []
             start = time.perf_counter()
@@ -301,7 +342,11 @@ class RolloutManager:
         start = time.perf_counter()
         remaining = self.cfg.max_actions_per_episode - episode.record.num_actions
         episode.env.max_actions_per_turn = min(self.env_cfg.max_actions_per_turn, remaining)  # exact budget
-        observation, env_reward, terminated, truncated, info = episode.env.step(reply)
+        try:
+            observation, env_reward, terminated, truncated, info = episode.env.step(reply)
+        except EnvServiceError as err:
+            self._count_env_error(episode.record, "step", err, "the episode ends")
+            observation, env_reward, terminated, truncated, info = lost_step(episode, reply)
         timings["env"] += time.perf_counter() - start
         start = time.perf_counter()
         parse = info["parse"]
@@ -343,9 +388,35 @@ class RolloutManager:
         record.num_actions += len(info["actions_executed"])
         record.success = bool(info.get("success", False))
         episode.observation = observation
-        if terminated or truncated:
+        if info.get("env_error"):
+            episode.end("env_error")
+        elif terminated or truncated:
             episode.end("success" if record.success else "failure" if terminated else "truncated")
         elif record.num_actions >= self.cfg.max_actions_per_episode:
             episode.end("action_budget")
         elif turn + 1 == self.cfg.max_turns:
             episode.end("max_turns")
+
+    def _count_env_error(self, seeds, call: str, err: EnvServiceError, outcome: str) -> None:
+        """Count one episode the env service failed, and say so (group, member, which call, why)."""
+        self.env_errors += 1
+        where = f"group {seeds.group} member {seeds.member}"
+        print(f"[vagen] WARNING env service {call} failed ({where}): {err}; {outcome}", flush=True)
+
+
+def lost_step(episode: _Episode, reply: str) -> tuple:
+    """A step the env service failed, as a step result: the reply parsed here, nothing executed, no env
+    reward, the observation unchanged, truncated, and `env_error` set in the info."""
+    env = episode.env
+    parse = parse_reply(reply, env.prompt_format, env.action_names, env.max_actions_per_turn)
+    facts = env.env.unwrapped.describe_state()  # the last state the service reported
+    info = {
+        "parse": parse,
+        "actions_executed": [],
+        "num_invalid": parse.num_invalid,
+        "success": False,
+        "state_facts_before": facts,
+        "state_facts_after": facts,
+        "env_error": True,
+    }
+    return episode.observation, 0.0, False, True, info

@@ -1,16 +1,22 @@
 """The GPU check's CPU form (`python -m vagen.gpu_check --cpu`): two TRICO iterations of the 3B recipe's
 settings with the tiny VLM in float32 under ZeRO-3, printing every field the GPU form prints."""
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
-from vagen import gpu_check, trainer
+REPO = Path(__file__).resolve().parents[1]
 
 
-def test_cpu_form_prints_every_field_with_sane_values(tmp_path, capsys, tiny_vlm_path, one_torch_thread):
-    save = trainer.save
-    gpu_check.main(["--cpu", "--out", str(tmp_path)])
-    assert trainer.save is save  # the no-checkpoint patch is undone
-    out = capsys.readouterr().out
+def test_cpu_form_prints_every_field_with_sane_values(tmp_path, tiny_vlm_path, one_torch_thread):
+    # its own process, as a user runs it: ZeRO-3 leaves process groups behind that later tests must not see
+    env = {**os.environ, **one_torch_thread, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "offline"}
+    command = [sys.executable, "-m", "vagen.gpu_check", "--cpu", "--out", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
     assert "[vagen] estimated GB per GPU (ZeRO-3, 1 GPU): actor" in out  # the start-up memory line
     fields = dict(re.findall(r"^\[gpu_check\] ([^:]+): (.+)$", out, flags=re.M))
     assert fields["device"].startswith("CPU, measured fp32 matmul, peak")

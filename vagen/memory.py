@@ -43,7 +43,7 @@ from peft.tuners.tuners_utils import check_target_module_exists
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from vagen.config import LoraConfig, RunConfig
-from vagen.models.loading import DEFAULT_LORA_TARGETS
+from vagen.models.adapters import adapter_for
 from vagen.models.tiny import resolve_model_path
 
 GB = 1e9
@@ -79,7 +79,9 @@ def model_shape(path: str | Path, lora: LoraConfig, trust_remote_code: bool = Fa
     text = config.get_text_config()
     lora_params = 0
     if lora.rank > 0:  # peft's own matching decides which modules get an adapter
-        targets = DEFAULT_LORA_TARGETS if lora.target_modules is None else list(lora.target_modules)
+        targets = (
+            adapter_for(config).lora_targets if lora.target_modules is None else list(lora.target_modules)
+        )
         peft_config = PeftLoraConfig(r=lora.rank, target_modules=targets)
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and check_target_module_exists(peft_config, name):

@@ -2,6 +2,7 @@
 steps and an exact resume. Parametrized by family id: `pytest -k qwen3` runs Qwen3-VL only."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAMILIES = {
     "qwen2_5_vl": ("tiny-vlm", "qwen2_5_vl", 28),
     "qwen3_vl": ("tiny-qwen3-vl", "qwen3_vl", 32),
+    "llava": ("tiny-llava", "llava", 28),
 }
 
 
@@ -57,6 +59,8 @@ def test_tiny_model_builds_and_envs_render_one_cell_per_token(family):
     adapter = adapter_for(model.config)
     assert model.config.model_type == model_type and adapter.merged_token_pixels(model.config) == pixels
     assert 0.7e6 < sum(p.numel() for p in model.parameters()) < 1.1e6
+    lora_modules = [n for n, _ in model.named_modules() if re.fullmatch(adapter.lora_targets, n)]
+    assert len(lora_modules) == 2 * 7 and all(".language_model." in n for n in lora_modules)
     prompt, env_cfg = two_turn_prompt(family_id, processor)
     assert env_cfg.env_kwargs.get("cell_size", 28) == pixels  # set only where the env's 28 px differs
     assert prompt.images[0].size == (4 * pixels, 4 * pixels)
@@ -161,8 +165,8 @@ def test_two_rl_steps_then_exact_resume(family_id, tmp_path, monkeypatch, one_to
 def test_unknown_vision_family_and_explicit_cell_size():
     from transformers import AutoConfig
 
-    with pytest.raises(ValueError, match="no adapter for vision-language model_type 'llava'"):
-        adapter_for(AutoConfig.for_model("llava"))
+    with pytest.raises(ValueError, match="no adapter for vision-language model_type 'paligemma'"):
+        adapter_for(AutoConfig.for_model("paligemma"))
     assert adapter_for(AutoConfig.for_model("qwen2")).merged_token_pixels(None) is None  # text-only
     env_cfg = EnvConfig(env_kwargs={"size": 4, "cell_size": 20})
     fit_env_to_model(env_cfg, "tiny-qwen3-vl")

@@ -2,12 +2,15 @@
 
 `tiny-vlm` is a Qwen2.5-VL (0.82M parameters: text hidden 128 x 2 layers, vision hidden 64 x 2
 blocks), `tiny-qwen3-vl` a Qwen3-VL of the same sizes (0.94M: learned vision position embeddings, one
-DeepStack layer, interleaved M-RoPE) and `tiny-text` a Qwen2 with the same text tower, all with the
+DeepStack layer, interleaved M-RoPE), `tiny-llava` a LLaVA (0.80M: the same Qwen2 text tower under a
+2-layer CLIP tower of hidden 64, 112 px images in 28 px patches, 16 image tokens each; its processor uses
+`<|image_pad|>` as LLaVA's image token) and `tiny-text` a Qwen2 with the same text tower, all with the
 project's byte-level BPE tokenizer (scripts/train_tokenizer.py) and chat template
-(assets/tiny/chat_template.jinja: ChatML, the markup all three families use). The image processors map
+(assets/tiny/chat_template.jinja: ChatML, the markup all four use). The Qwen image processors map
 one merged visual token to one grid cell (Qwen2.5-VL: 28 px, patch 14 x merge 2; Qwen3-VL: 32 px, patch
 16 x merge 2; envs render at that cell size, vagen.rollout.manager.fit_env_to_model) and leave images of
-2 to 10 tokens a side unresized: FrozenLake 4x4 -> 16 tokens, Sokoban 6x6 -> 36 tokens. The size class
+2 to 10 tokens a side unresized: FrozenLake 4x4 -> 16 tokens, Sokoban 6x6 -> 36 tokens (the LLaVA's
+fixed 112 px input takes a 4x4 board of 28 px cells unresized and resizes larger ones). The size class
 learned visual FrozenLake fastest per CPU minute (notes/tiny-vlm-frozenlake-sft.md). Weights are not
 committed; the builder writes a normal `save_pretrained` directory, loaded back through the same Auto*
 path real checkpoints use.
@@ -45,6 +48,11 @@ TINY_MODELS = {
         "qwen3_vl_config.json",
         AutoModelForImageTextToText,
         {"processor_config.json": "qwen3_vl_processor_config.json"},
+    ),
+    "tiny-llava": (
+        "llava_config.json",
+        AutoModelForImageTextToText,
+        {"processor_config.json": "llava_processor_config.json"},
     ),
     "tiny-text": ("text_config.json", AutoModelForCausalLM, {}),
 }
@@ -101,7 +109,7 @@ def tiny_model_path(name: str, seed: int = 0) -> Path:
 
 
 def resolve_model_path(name_or_path: str | Path, seed: int = 0) -> Path:
-    """The cached tiny model for "tiny-vlm" / "tiny-text"; otherwise a local directory that must exist."""
+    """The cached tiny model for a TINY_MODELS name; otherwise a local directory that must exist."""
     if str(name_or_path) in TINY_MODELS:
         return tiny_model_path(str(name_or_path), seed)
     path = Path(name_or_path).expanduser()

@@ -7,6 +7,7 @@ The rollout, scoring, engines and trainer ask `adapter_for(config)` (keyed by th
 from __future__ import annotations
 
 from vagen.models.adapters.base import ModelAdapter
+from vagen.models.adapters.llava import Llava
 from vagen.models.adapters.qwen_vl import QwenVL
 from vagen.models.adapters.text import TextOnly
 
@@ -15,6 +16,7 @@ ADAPTERS: dict[str, ModelAdapter] = {
     "qwen2_vl": QwenVL(),
     "qwen2_5_vl": QwenVL(),
     "qwen3_vl": QwenVL(),
+    "llava": Llava(),
 }
 TEXT_ONLY = TextOnly()
 

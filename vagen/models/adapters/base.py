@@ -28,6 +28,9 @@ class ModelAdapter(Protocol):
     context_only_tokens: tuple[str, ...]
     # peft target_modules (a regex over module names) when model.lora.target_modules is not given.
     lora_targets: str
+    # Renames (old prefix -> new) of the policy's weight names that vLLM's model loads; non-empty: vLLM
+    # cannot read the saved checkpoint, so its engine starts from dummy weights and loads these.
+    engine_weight_prefixes: dict[str, str]
 
     def merged_token_pixels(self, config) -> int | None:
         """Side in pixels of the image square one visual token covers (None: a text-only model).

@@ -39,6 +39,7 @@ def mm_token_type_ids(
 class QwenVL:
     context_only_tokens = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
     lora_targets = rf"^(?!.*visual).*\.{LANGUAGE_PROJECTIONS}$"  # the vision tower is `visual`
+    engine_weight_prefixes: dict[str, str] = {}
 
     def merged_token_pixels(self, config) -> int:
         vision = config.vision_config

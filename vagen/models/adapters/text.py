@@ -14,6 +14,7 @@ from vagen.models.vision import VisionInputs
 class TextOnly:
     context_only_tokens: tuple[str, ...] = ()
     lora_targets = rf"^.*\.{LANGUAGE_PROJECTIONS}$"
+    engine_weight_prefixes: dict[str, str] = {}
 
     def merged_token_pixels(self, config) -> None:
         return None

@@ -52,6 +52,14 @@ def _import_vllm():
     return vllm
 
 
+def renamed(name: str, prefixes: dict[str, str]) -> str:
+    """`name` with its first matching prefix in `prefixes` replaced by that prefix's new form."""
+    for old, new in prefixes.items():
+        if name.startswith(old):
+            return new + name.removeprefix(old)
+    return name
+
+
 class VLLMEngine:
     """GenerationEngine over `vllm.LLM`, loaded from the directory the policy was loaded from.
 
@@ -94,6 +102,8 @@ class VLLMEngine:
             options["limit_mm_per_prompt"] = {"image": max_images_per_prompt, "video": 0}
         self.config = model.config
         self.adapter = adapter_for(model.config)
+        if self.adapter.engine_weight_prefixes:  # vLLM cannot read the saved names: load them renamed
+            options["load_format"] = "dummy"
         # In-process, vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
         # process and may change the thread count; the trainer shares that thread pool, so keep its choice.
         set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
@@ -105,6 +115,8 @@ class VLLMEngine:
         self._sampling_params = vllm.SamplingParams
         self.vocab_size = model.config.get_text_config().vocab_size
         self._allowed_cache: dict[frozenset[int], list[int]] = {}
+        if self.adapter.engine_weight_prefixes:
+            self.sync_weights(model)
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Generation]:
         validate(params)
@@ -156,7 +168,10 @@ class VLLMEngine:
         weights computed: cached prefixes (KV) and cached image embeddings (the scheduler's encoder-cache
         bookkeeping too -- the worker alone clearing it makes the next image request fail with
         "Encoder cache miss")."""
-        weights = list(checkpoint_state_dict(model).items())
+        weights = [
+            (renamed(name, self.adapter.engine_weight_prefixes), tensor)
+            for name, tensor in checkpoint_state_dict(model).items()
+        ]
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )

@@ -12,7 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_cpu_form_prints_every_field_with_sane_values(tmp_path, tiny_vlm_path, one_torch_thread):
     # its own process, as a user runs it: ZeRO-3 leaves process groups behind that later tests must not see
-    env = {**os.environ, **one_torch_thread, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "offline"}
+    launcher = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # set by in-process runs
+    env = {k: v for k, v in os.environ.items() if k not in launcher}
+    env.update(one_torch_thread, DS_ACCELERATOR="cpu", WANDB_MODE="offline")
     command = [sys.executable, "-m", "vagen.gpu_check", "--cpu", "--out", str(tmp_path)]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]

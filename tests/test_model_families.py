@@ -70,6 +70,9 @@ def test_tiny_model_builds_and_envs_render_one_cell_per_token(family):
     assert prompt.token_ids.count(image_token) == 32
 
 
+LIVE_ENGINES: list = []
+
+
 @pytest.mark.parametrize("engine_name", ["hf", "vllm"])
 def test_engines_sample_what_scoring_scores(family, engine_name):
     """The engine's log-probs of its own samples equal the trainer's scoring of them."""
@@ -77,6 +80,8 @@ def test_engines_sample_what_scoring_scores(family, engine_name):
     if engine_name == "vllm":
         pytest.importorskip("vllm")
     engine = make_engine(engine_name, model, processor, RolloutConfig(max_context_tokens=1024))
+    if engine_name == "vllm":  # kept for the session: vLLM's shutdown destroys torch.distributed's groups
+        LIVE_ENGINES.append(engine)  # (vllm/v1/engine/core.py), which later in-process runs still use
     prompt, _ = two_turn_prompt(family_id, processor)
     params = SamplingParams(temperature=0.8, max_new_tokens=12, seed=7)
     [generation] = engine.generate([prompt], params)

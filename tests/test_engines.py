@@ -9,7 +9,8 @@ import torch
 from PIL import Image
 
 from vagen.config import RolloutConfig
-from vagen.models.adapters.qwen_vl import QwenVL, collapse_runs
+from vagen.models.adapters.base import collapse_runs
+from vagen.models.adapters.qwen_vl import QwenVL
 from vagen.models.loading import load_policy
 from vagen.models.scoring import token_logprobs
 from vagen.models.vision import encode_images

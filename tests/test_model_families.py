@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_trainer import comparable, tiny_overrides  # a sibling test module
 
 from vagen.config import EnvConfig, RolloutConfig, load_config
 from vagen.metrics import read_metrics
@@ -113,27 +114,10 @@ def test_value_head_reads_the_backbone(family, tmp_path):
 
 
 def tiny_run(run_dir: Path, model: str, **extra) -> list[str]:
-    """Two RL steps of G=2 x n=2 two-turn episodes (bilevel GAE with the model critic)."""
-    base = {
-        "model.path": model,
-        "warm_start.teacher": "none",
-        "perception.enabled": "false",
-        "rollout.engine": "hf",
-        "trainer.run_dir": str(run_dir),
-        "trainer.steps": 2,
-        "trainer.save_every": 1,
-        "trainer.val_groups": 2,
-        "trainer.val_every": 2,
-        "trainer.micro_batch_size": 2,
-        "trainer.viz_every": 0,
-        "rollout.num_groups": 2,
-        "rollout.group_size": 2,
-        "rollout.max_turns": 2,
-        "rollout.max_new_tokens": 16,
-        "optim.actor_lr": 1e-3,
-        "optim.warmup_steps": 0,
-    }
-    return [f"{k}={v}" for k, v in (base | extra).items()]
+    """test_trainer's two tiny RL steps (bilevel GAE, model critic) with `model`, checkpointing each step."""
+    return tiny_overrides(
+        run_dir, **{"model.path": model, "trainer.save_every": 1, "trainer.val_every": 2, **extra}
+    )
 
 
 @pytest.mark.slow
@@ -155,11 +139,7 @@ def test_two_rl_steps_then_exact_resume(family_id, tmp_path, monkeypatch, one_to
     lines = {run: read_metrics(run / "metrics.jsonl") for run in (straight, resumed)}
     assert [m["step"] for m in lines[straight]] == [0, 1, 2]
     assert all(np.isfinite(v) for m in lines[straight] for v in m.values())
-    comparable = {
-        run: [{k: v for k, v in m.items() if not k.startswith("time/")} for m in ls]
-        for run, ls in lines.items()
-    }
-    assert comparable[resumed][-1] == comparable[straight][-1]
+    assert comparable(lines[resumed][-1]) == comparable(lines[straight][-1])
     final = "checkpoints/step_000002"
     weights = [load_file(run / final / "actor" / "model.safetensors") for run in (straight, resumed)]
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

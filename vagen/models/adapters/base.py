@@ -20,6 +20,28 @@ def language_backbone(model: nn.Module) -> nn.Module:
     return model.model if hasattr(model, "lm_head") else model
 
 
+def collapse_runs(token_ids: list[int], token_id: int) -> list[int]:
+    """Each run of `token_id` shortened to one token."""
+    return [t for i, t in enumerate(token_ids) if t != token_id or i == 0 or token_ids[i - 1] != token_id]
+
+
+class VisionAdapter:
+    """What the vision-language families share: the image token is `config.image_token_id`, vLLM's input
+    processor expands each image token it is given (so its prompts carry one per image), and the critic
+    reads the language backbone. Subclasses give the rest of ModelAdapter."""
+
+    engine_weight_prefixes: dict[str, str] = {}
+
+    def image_token_id(self, config) -> int:
+        return config.image_token_id
+
+    def engine_prompt(self, config, token_ids: list[int]) -> list[int]:
+        return collapse_runs(token_ids, config.image_token_id)
+
+    def backbone(self, model: nn.Module) -> nn.Module:
+        return language_backbone(model)
+
+
 class ModelAdapter(Protocol):
     """What VAGEN needs to know about one family of models; `config` is the model's PretrainedConfig."""
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from torch import nn
 
-from vagen.models.adapters.base import LANGUAGE_PROJECTIONS, language_backbone
-from vagen.models.adapters.qwen_vl import collapse_runs
+from vagen.models.adapters.base import LANGUAGE_PROJECTIONS, VisionAdapter
 from vagen.models.vision import VisionInputs
 
 
-class Llava:
+class Llava(VisionAdapter):
     context_only_tokens = ("<image>", "<|image_pad|>", "<|vision_start|>", "<|vision_end|>")
     lora_targets = rf"^(?!.*vision_tower).*\.{LANGUAGE_PROJECTIONS}$"
     # transformers 5 names the CLIP / SigLIP tower's weights without its `vision_model.` level, which
@@ -31,9 +29,6 @@ class Llava:
 
     def merged_token_pixels(self, config) -> int:
         return config.vision_config.patch_size
-
-    def image_token_id(self, config) -> int:
-        return config.image_token_id
 
     def vision_inputs(self, encoded: Mapping[str, torch.Tensor]) -> VisionInputs:
         pixel_values = encoded["pixel_values"]
@@ -55,9 +50,3 @@ class Llava:
         if vision is not None:
             inputs["pixel_values"] = vision.pixel_values
         return inputs
-
-    def engine_prompt(self, config, token_ids: list[int]) -> list[int]:
-        return collapse_runs(token_ids, config.image_token_id)
-
-    def backbone(self, model: nn.Module) -> nn.Module:
-        return language_backbone(model)

@@ -15,15 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-from torch import nn
 
-from vagen.models.adapters.base import LANGUAGE_PROJECTIONS, language_backbone
+from vagen.models.adapters.base import LANGUAGE_PROJECTIONS, VisionAdapter
 from vagen.models.vision import VisionInputs
-
-
-def collapse_runs(token_ids: list[int], token_id: int) -> list[int]:
-    """Each run of `token_id` shortened to one token."""
-    return [t for i, t in enumerate(token_ids) if t != token_id or i == 0 or token_ids[i - 1] != token_id]
 
 
 def mm_token_type_ids(
@@ -36,17 +30,13 @@ def mm_token_type_ids(
     return types
 
 
-class QwenVL:
+class QwenVL(VisionAdapter):
     context_only_tokens = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
     lora_targets = rf"^(?!.*visual).*\.{LANGUAGE_PROJECTIONS}$"  # the vision tower is `visual`
-    engine_weight_prefixes: dict[str, str] = {}
 
     def merged_token_pixels(self, config) -> int:
         vision = config.vision_config
         return vision.patch_size * vision.spatial_merge_size
-
-    def image_token_id(self, config) -> int:
-        return config.image_token_id
 
     def vision_inputs(self, encoded: Mapping[str, torch.Tensor]) -> VisionInputs:
         return VisionInputs(encoded["pixel_values"], encoded["image_grid_thw"].long())
@@ -68,9 +58,3 @@ class QwenVL:
             inputs["pixel_values"] = vision.pixel_values
             inputs["image_grid_thw"] = vision.image_grid_thw
         return inputs
-
-    def engine_prompt(self, config, token_ids: list[int]) -> list[int]:
-        return collapse_runs(token_ids, config.image_token_id)
-
-    def backbone(self, model: nn.Module) -> nn.Module:
-        return language_backbone(model)

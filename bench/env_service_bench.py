@@ -1,5 +1,6 @@
 """Env steps/s in process against through the env service (envs_visual.service on localhost), and the
-service's overhead per step in ms; resets of a rollout one request each against one batched request.
+service's overhead per step in ms; the resets of a rollout, and the steps of a turn, one request each
+against one batched request (reset_all, step_all).
 
 For FrozenLake 4x4 (112x112 images, the tiny recipes) and Sokoban 6x6 (168x168): random actions,
 resetting on episode end. The server runs in its own process on this machine, so the figures are the
@@ -21,7 +22,7 @@ import httpx
 import numpy as np
 
 import envs_visual  # noqa: F401  (registers the envs)
-from envs_visual.remote import ServiceClient, reset_all
+from envs_visual.remote import ServiceClient, reset_all, step_all
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT = REPO / "bench" / "results" / "env_service_bench.txt"
@@ -31,6 +32,7 @@ CASES = [
 ]
 STEPS = 2000
 RESET_ENVS = 64  # G x n of the tiny recipes (8 x 8)
+TURNS = 10
 
 
 def free_port() -> int:
@@ -73,6 +75,23 @@ def reset_seconds(envs: list[gymnasium.Env], batched: bool) -> float:
     return time.perf_counter() - start
 
 
+def turn_seconds(envs: list[gymnasium.Env], batched: bool) -> float:
+    """Seconds per turn of one random action in every env (an env that ends is reset)."""
+    rng = np.random.default_rng(0)
+    for seed, env in enumerate(envs):
+        env.reset(seed=seed)
+    start = time.perf_counter()
+    for _ in range(TURNS):
+        actions = [int(action) for action in rng.integers(0, 4, len(envs))]
+        if batched:
+            step_all(envs, [[action] for action in actions])
+        for env, action in zip(envs, actions, strict=True):
+            _, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                env.reset()
+    return (time.perf_counter() - start) / TURNS
+
+
 def main() -> None:
     lines = [
         f"# env_service_bench  {time.strftime('%Y-%m-%d')}  {platform.processor() or platform.machine()}, "
@@ -90,6 +109,7 @@ def main() -> None:
             overhead_ms = 1e3 * (1 / remote - 1 / local)
             envs = [client.make(env_id, kwargs) for _ in range(RESET_ENVS)]
             one_by_one, batched = reset_seconds(envs, batched=False), reset_seconds(envs, batched=True)
+            turn_each, turn_batched = turn_seconds(envs, batched=False), turn_seconds(envs, batched=True)
             for env in envs:
                 env.close()
             found = [
@@ -99,6 +119,8 @@ def main() -> None:
                 f"overhead {overhead_ms:.2f} ms per step",
                 f"  {RESET_ENVS} resets  one request each {1e3 * one_by_one:7.1f} ms, one batched request "
                 f"{1e3 * batched:7.1f} ms   ratio {one_by_one / batched:4.1f}x",
+                f"  {RESET_ENVS} steps  one request each {1e3 * turn_each:7.1f} ms, one batched request "
+                f"{1e3 * turn_batched:7.1f} ms   ratio {turn_each / turn_batched:4.1f}x  (a turn)",
             ]
             print("\n".join(found), flush=True)
             lines += found

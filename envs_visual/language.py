@@ -224,8 +224,15 @@ class LanguageEnv:
         ]
         return "\n".join(lines)
 
+    def parse(self, reply: str) -> ParseResult:
+        return parse_reply(reply, self.prompt_format, self.action_names, self.max_actions_per_turn)
+
+    def planned_actions(self, reply: str) -> list[int]:
+        """The game actions `step(reply)` plays, in order, unless one of them ends the episode first."""
+        return [self.action_names.index(name) for name in self.parse(reply).actions]
+
     def step(self, reply: str):
-        parse = parse_reply(reply, self.prompt_format, self.action_names, self.max_actions_per_turn)
+        parse = self.parse(reply)
         facts_before = self.state_facts()
         reward, terminated, truncated, effective = 0.0, False, False, False
         executed: list[str] = []

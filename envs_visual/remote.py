@@ -1,5 +1,5 @@
 """The client of the env service (envs_visual.service): `RemoteEnv`, a gymnasium.Env whose game runs on
-the server, and `reset_all`, one request for the resets of many of them.
+the server; `reset_all` and `step_all`, one request for the resets or steps of many of them.
 
     client = ServiceClient("http://127.0.0.1:8000", timeout_s=30, retries=2)
     env = client.make("envs_visual/FrozenLake-v0", {"size": 4})
@@ -81,6 +81,7 @@ class RemoteEnv(gymnasium.Env):
         self.kwargs = kwargs
         self._state: dict[str, Any] = {}
         self._prefetched: tuple[tuple, dict[str, Any]] | None = None  # (reset arguments, reply)
+        self._planned: list[tuple[int, dict[str, Any]]] = []  # (action, reply) played ahead by step_all
         self._seq = 0
         self._open()
 
@@ -113,6 +114,7 @@ class RemoteEnv(gymnasium.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         arguments = {"seed": seed, "options": None if options is None else pack(options)}
         prefetched, self._prefetched = self._prefetched, None
+        self._planned = []  # steps played ahead and not taken: the reset starts over anyway
         if prefetched is not None and prefetched[0] == _key(arguments):
             reply = prefetched[1]
         else:
@@ -124,7 +126,15 @@ class RemoteEnv(gymnasium.Env):
         return self._take(reply), unpack(reply["info"])
 
     def step(self, action: int):
-        reply = self._call("step", {"action": int(action)})
+        if self._planned:
+            planned, reply = self._planned.pop(0)
+            if planned != int(action):
+                self._planned = []
+                raise EnvServiceError(
+                    f"{self.env_id} on {self.client.url}: step({action}) after step_all played {planned} here"
+                )
+        else:
+            reply = self._call("step", {"action": int(action)})
         observation = self._take(reply)
         return observation, reply["reward"], reply["terminated"], reply["truncated"], unpack(reply["info"])
 
@@ -170,3 +180,37 @@ def reset_all(envs: list[Any], seeds: list[int | None], options: list[dict[str, 
         for (env, arguments), result in zip(calls, results, strict=True):
             if "reply" in result:
                 env._prefetched = (_key(arguments), result["reply"])
+
+
+def step_all(envs: list[Any], plans: list[list[int]]) -> None:
+    """Play each RemoteEnv's planned actions (others are skipped) ahead of its `step` calls, in one request
+    per server per round: round r sends the r-th action of every plan whose earlier steps were played and
+    did not end the episode. Each reply waits for the env's next `step(action)` with that action, so the
+    caller steps every env as usual, and a step that departs from the plan raises EnvServiceError (the
+    server has played the plan). A step this could not play is made by that `step` call itself, with the
+    same `seq` when the request failed: the server replays the reply if it did play it."""
+    running = []
+    for env, plan in zip(envs, plans, strict=True):
+        remote = getattr(env, "unwrapped", None)
+        if isinstance(remote, RemoteEnv) and plan and not remote._planned:
+            running.append((remote, [int(action) for action in plan]))
+    for round_ in range(max((len(plan) for _, plan in running), default=0)):
+        by_client: dict[ServiceClient, list[tuple[RemoteEnv, int]]] = {}
+        for env, plan in running:
+            if len(plan) > round_ and len(env._planned) == round_ and not _ended(env._planned):
+                by_client.setdefault(env.client, []).append((env, plan[round_]))
+        for client, calls in by_client.items():
+            try:
+                body = {"calls": [env.next_call("step", action=action) for env, action in calls]}
+                results = client.request("POST", "/batch", body)["results"]
+            except EnvServiceError:
+                for env, _ in calls:
+                    env._seq -= 1
+                continue
+            for (env, action), result in zip(calls, results, strict=True):
+                if "reply" in result:
+                    env._planned.append((action, result["reply"]))
+
+
+def _ended(planned: list[tuple[int, dict[str, Any]]]) -> bool:
+    return bool(planned) and (planned[-1][1]["terminated"] or planned[-1][1]["truncated"])

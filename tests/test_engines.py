@@ -1,6 +1,7 @@
 """Generation engines: HF generate and in-process vLLM on the tiny VLM (vagen.rollout.engines)."""
 
 import copy
+import gc
 import sys
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 from PIL import Image
 
 from vagen.config import RolloutConfig
+from vagen.distributed import global_sum, init_distributed
 from vagen.models.adapters.base import collapse_runs
 from vagen.models.adapters.qwen_vl import QwenVL
 from vagen.models.loading import load_policy
@@ -52,6 +54,18 @@ def vllm_engine(vlm):
     pytest.importorskip("vllm")
     model, processor = vlm
     return make_engine("vllm", model, processor, LONGEST_EPISODE, max_num_seqs=16)
+
+
+def test_a_collected_vllm_engine_leaves_the_callers_process_group(vlm):
+    """vLLM's in-process shutdown destroys torch.distributed's default group; the trainer's must survive."""
+    pytest.importorskip("vllm")
+    init_distributed()  # the trainer's group, made first as in a run
+    model, processor = vlm
+    engine = make_engine("vllm", model, processor, RolloutConfig(max_context_tokens=512), max_num_seqs=4)
+    assert engine.generate([Prompt([1, 2, 3])], SamplingParams(max_new_tokens=2, seed=0))
+    del engine
+    gc.collect()  # runs the engine's shutdown
+    assert torch.distributed.is_initialized() and global_sum(2.0) == 2.0
 
 
 def hf_logprobs(model, processor, prompt, generated_ids, temperature=1.0):

@@ -30,19 +30,28 @@ def test_check_env_passes(task):
 def test_one_cell_is_one_28_pixel_tile_and_the_text_grid_shows_the_level():
     env = make()
     observation, info = env.reset(seed=3)
-    assert observation["image"].shape == (168, 168, 3)  # 6 x 6 cells -> 36 visual tokens of the tiny VLM
-    assert observation["text"] == "WWWWWW\nW>...W\nW..L.W\nW..L.W\nW..LGW\nWWWWWW"
+    # the 4 x 4 cells inside the 6 x 6 level's outer wall -> 16 visual tokens of the tiny VLM
+    assert observation["image"].shape == (112, 112, 3)
+    assert observation["text"] == ">...\n..L.\n..L.\n..LG"
     assert env.action_names == ("Left", "Right", "Forward") and info["success"] is False
-    agent_cell = observation["image"][28:56, 28:56]
+    agent_cell = observation["image"][:28, :28]
     assert (agent_cell[..., 0] > 200).sum() > 50  # MiniGrid's red triangle
+
+
+def test_a_level_without_the_outer_wall_is_refused_with_a_reason():
+    env = make()
+    env.reset(seed=3)
+    env.game.grid.set(0, 2, None)
+    with pytest.raises(ValueError, match="outer wall"):
+        env._check_outer_wall()
 
 
 def test_steps_are_minigrids_and_turning_shows_in_image_and_text():
     env = make(max_steps=20)
     first, _ = env.reset(seed=3)
     turned, reward, terminated, truncated, info = env.step(RIGHT)
-    assert turned["text"].splitlines()[1] == "Wv...W" and info["action_is_effective"]
-    assert not np.array_equal(turned["image"][28:56, 28:56], first["image"][28:56, 28:56])
+    assert turned["text"].splitlines()[0] == "v..." and info["action_is_effective"]
+    assert not np.array_equal(turned["image"][:28, :28], first["image"][:28, :28])
     assert (reward, terminated, truncated) == (0.0, False, False)
     for action in (FORWARD, LEFT, FORWARD):  # down to row 2, face right, to column 2
         env.step(action)
@@ -64,7 +73,7 @@ def test_the_solver_reaches_the_goal_with_minigrids_reward():
 def test_door_key_needs_the_key_then_toggle():
     env = make(DOOR_KEY)
     env.reset(seed=0)
-    assert env.text_grid() == "WWWWW\nW.D.W\nWKW.W\nW<WGW\nWWWWW"
+    assert env.text_grid() == ".D.\nKW.\n<WG"
     plan = env.optimal_actions(100)
     assert PICKUP in plan and TOGGLE in plan
     for action in plan[: plan.index(PICKUP) + 1]:
@@ -115,15 +124,12 @@ def test_a_reply_parses_and_steps_in_the_language_layer():
         gymnasium.make("envs_visual/MiniGrid-v0"), prompt_format="grounding", max_actions_per_turn=2
     )
     observation, _ = lang.reset(seed=3)
-    assert "Actions: Left, Right, Forward." in observation.text and observation.images[0].shape == (
-        168,
-        168,
-        3,
-    )
+    assert "Actions: Left, Right, Forward." in observation.text
+    assert observation.images[0].shape == (112, 112, 3)
     reply = "<think><observation>The goal is below and right.</observation><reasoning>Go.</reasoning></think>"
     observation, reward, terminated, _, info = lang.step(reply + "<answer>forward, Forward</answer>")
     assert info["actions_executed"] == ["Forward", "Forward"] and info["format_ok"]
-    assert observation.state.splitlines()[1] == "W..>.W" and reward == 0.5 and not terminated
+    assert observation.state.splitlines()[0] == "..>." and reward == 0.5 and not terminated
     assert info["state_facts_after"] == [("goal", "below"), ("goal", "right"), ("lava", "below")]
     assert observation.features.shape == (6 * 6 * 13 + 3,)
 
@@ -140,6 +146,22 @@ def test_held_out_split_keeps_lava_gap_layouts_apart():
     validation = {layout_of(s.level) for s in schedule.validation(16, 1)}
     assert len(train) == 7 and len(validation) == 1  # 8 layouts: 2 lava columns x 4 gaps
     assert not train & validation
+
+
+def test_random_start_moves_the_agent_to_an_empty_cell_shared_by_a_seed_and_keeps_the_layout_key():
+    env, twin = make(), make()
+    starts = set()
+    for seed in range(40):
+        env.reset(seed=seed)
+        key, plain = env.layout_key, env.text_grid()
+        env.reset(seed=seed, options={"random_start": 1.0})
+        twin.reset(seed=seed, options={"random_start": 1.0, "dynamics_seed": 9})  # another group member
+        assert env.layout_key == key and env.text_grid() == twin.text_grid()
+        assert env.game.grid.get(*env.agent) is None  # an empty cell: not lava, wall or goal
+        starts.add((env.agent, env.game.agent_dir))
+        env.reset(seed=seed, options={"random_start": 0.0})
+        assert env.text_grid() == plain  # the level's own start
+    assert len(starts) > 20
 
 
 def test_unknown_task_is_refused():

@@ -19,7 +19,7 @@ from test_rollout_manager import ScriptedEngine  # a sibling test module
 from test_trainer import comparable, tiny_overrides
 
 import envs_visual  # noqa: F401  (registers the environments)
-from envs_visual.remote import EnvServiceError, RemoteEnv, ServiceClient, SessionLost, reset_all
+from envs_visual.remote import EnvServiceError, RemoteEnv, ServiceClient, SessionLost, reset_all, step_all
 from envs_visual.service import SessionStore, create_app
 from vagen.config import ConfigError, EnvConfig, RolloutConfig, load_config
 from vagen.metrics import read_metrics
@@ -188,6 +188,58 @@ def test_a_retried_step_is_not_played_twice():
     assert retried == first
     third = app.post(f"/sessions/{session}/step", json={"action": 1, "seq": 3}).json()
     assert third["observation"] != first["observation"]  # a new seq moves the player again
+
+
+def in_process_client(store: SessionStore | None = None) -> tuple[ServiceClient, list[str]]:
+    """A client of an in-process app (the same httpx API), and the paths it requests, in order."""
+    client = ServiceClient("http://testserver")
+    client.http = TestClient(create_app(store))
+    paths: list[str] = []
+    client.http.event_hooks["request"] = [lambda request: paths.append(request.url.path)]
+    return client, paths
+
+
+def test_step_all_plays_a_turn_in_one_request_per_round_and_the_steps_equal_local_ones():
+    client, paths = in_process_client()
+    kwargs = {"size": 4, "max_steps": 3}
+    remotes = [client.make(FROZENLAKE, kwargs) for _ in range(4)]
+    locals_ = [gym.make(FROZENLAKE, **kwargs) for _ in range(4)]
+    for seed, (remote, local) in enumerate(zip(remotes, locals_, strict=True)):
+        remote.reset(seed=seed)
+        local.reset(seed=seed)
+    plans = [[1, 2], [0], [], [2, 1, 1, 1]]  # the last runs past max_steps: its 4th action is not played
+    paths.clear()
+    step_all(remotes, plans)
+    assert paths == ["/batch"] * 3
+    for plan, remote, local in zip(plans, remotes, locals_, strict=True):
+        for action in plan:
+            (obs_r, *rest_r), (obs_l, *rest_l) = remote.step(action), local.step(action)
+            assert np.array_equal(obs_r["image"], obs_l["image"]) and rest_r == rest_l
+            assert remote.unwrapped.describe_state() == local.unwrapped.describe_state()
+            if rest_l[1] or rest_l[2]:
+                break
+    assert paths == ["/batch"] * 3  # every step was played ahead
+    step_all(remotes[:1], [[1]])
+    with pytest.raises(EnvServiceError, match="step_all played 1"):
+        remotes[0].step(2)
+
+
+def test_a_step_whose_batch_reply_was_lost_is_replayed_not_played_twice():
+    client, _ = in_process_client()
+    remote, local = client.make(FROZENLAKE, {"size": 4}), gym.make(FROZENLAKE, size=4)
+    remote.reset(seed=5)
+    local.reset(seed=5)
+    request = client.request
+
+    def played_then_lost(method, path, body=None):
+        request(method, path, body)
+        raise EnvServiceError("the reply was lost")
+
+    client.request = played_then_lost
+    step_all([remote], [[2]])
+    client.request = request
+    (obs_r, *rest_r), (obs_l, *rest_l) = remote.step(2), local.step(2)
+    assert np.array_equal(obs_r["image"], obs_l["image"]) and rest_r == rest_l
 
 
 def test_idle_sessions_expire():

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from test_trainer import comparable, tiny_overrides  # a sibling test module
 
 from vagen.config import EnvConfig, RolloutConfig, load_config
+from vagen.distributed import init_distributed
 from vagen.metrics import read_metrics
 from vagen.models.adapters import adapter_for
 from vagen.models.loading import ValueModel, load_policy
@@ -71,18 +72,14 @@ def test_tiny_model_builds_and_envs_render_one_cell_per_token(family):
     assert prompt.token_ids.count(image_token) == 32
 
 
-LIVE_ENGINES: list = []
-
-
 @pytest.mark.parametrize("engine_name", ["hf", "vllm"])
 def test_engines_sample_what_scoring_scores(family, engine_name):
     """The engine's log-probs of its own samples equal the trainer's scoring of them."""
     family_id, model, processor = family
     if engine_name == "vllm":
         pytest.importorskip("vllm")
+    init_distributed()  # the trainer's group exists first, as in a run: the engine leaves it in place
     engine = make_engine(engine_name, model, processor, RolloutConfig(max_context_tokens=1024))
-    if engine_name == "vllm":  # kept for the session: vLLM's shutdown destroys torch.distributed's groups
-        LIVE_ENGINES.append(engine)  # (vllm/v1/engine/core.py), which later in-process runs still use
     prompt, _ = two_turn_prompt(family_id, processor)
     params = SamplingParams(temperature=0.8, max_new_tokens=12, seed=7)
     [generation] = engine.generate([prompt], params)

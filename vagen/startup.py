@@ -4,7 +4,8 @@
 chosen policy update and estimator need of the config (their registries), the model path, the DeepSpeed
 file against the run's batch shape, and the env (built and reset once with its kwargs; on the env server
 when `env.remote` is set, which must then answer) with what the warm start's teacher and the critic read
-of it (envs_visual.contract).
+of it (envs_visual.contract), and, for an update that reads a policy over the actions (mpo), that one
+token tells the action names apart (vagen.rollout.assembly.action_token_ids).
 """
 
 import logging
@@ -21,10 +22,11 @@ import transformers
 from envs_visual.remote import EnvServiceError
 from vagen.batching import derived_sizes
 from vagen.config import ConfigError, RunConfig
-from vagen.models.loading import check_model_dir
+from vagen.models.loading import check_model_dir, load_processor
 from vagen.models.tiny import TINY_MODELS
 from vagen.optim import deepspeed_config
 from vagen.pretrain.teachers import TEACHER_NEEDS, teacher_available
+from vagen.rollout.assembly import ChatCodec, action_token_ids
 from vagen.rollout.manager import check_random_start, make_language_env
 from vagen.updates import POLICY_UPDATES
 
@@ -57,6 +59,11 @@ def check_run(cfg: RunConfig) -> None:
         raise _bad("env", f"{cfg.env.env_id} with {cfg.env.env_kwargs}: {err}".splitlines()[0]) from None
     except EnvServiceError as err:
         raise _bad("env.remote", str(err).splitlines()[0]) from None
+    if update.scores_actions:  # the update reads a policy over the actions off one token
+        try:
+            action_token_ids(ChatCodec(load_processor(cfg.model.path)), env.action_names)
+        except ValueError as err:
+            raise _bad("algo.policy_loss", f"{cfg.algo.policy_loss}: {err}") from None
     teacher = cfg.warm_start.teacher  # teachers play a local copy of the game
     if teacher != "none" and not teacher_available(
         make_language_env(cfg.env, local=True).env.unwrapped, teacher

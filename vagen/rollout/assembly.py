@@ -22,6 +22,7 @@ Masks of a turn's sampled tokens (positions a..b-1 of the row, e = b-1 the turn 
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -108,20 +109,38 @@ class ChatCodec:
         return ends
 
 
+class ActionReadout(NamedTuple):
+    """Where a well-formed reply chooses its action: per action name, the token at the first position
+    where the names' `<answer>{name}</answer>` tokenizations differ, and where that token starts relative
+    to the name's first character (-1 when the tokenizer merges the tag's ">" into it: `>Down`)."""
+
+    token_ids: list[int]
+    char_offset: int
+
+
+def action_readout(codec: ChatCodec, action_names: tuple[str, ...] | list[str]) -> ActionReadout:
+    """The ActionReadout of these names. The choice is one position for all of them: the tiny tokenizer
+    writes `>Left` but `>` + `F` for Forward, so the token holding each name's first character would sit
+    at different positions."""
+    tokenize = codec.tokenizer
+    encoded = [tokenize(f"<answer>{n}</answer>", add_special_tokens=False)["input_ids"] for n in action_names]
+    position = 0
+    while len(encoded) > 1 and all(len(e) > position + 1 for e in encoded):
+        if len({e[position] for e in encoded}) > 1:
+            break
+        position += 1
+    offset = len(codec.decode(encoded[0][:position])) - len("<answer>")
+    return ActionReadout([e[position] for e in encoded], offset)
+
+
 def action_token_ids(codec: ChatCodec, action_names: tuple[str, ...] | list[str]) -> list[int]:
-    """Per action name, the token that holds its first character in `<answer>{name}</answer>`: the
-    token a well-formed reply samples where it chooses that action (the tiny tokenizer merges it with
-    the tag's ">": `>Down`). Raises ValueError unless the K tokens are distinct, since a policy over
-    the actions is then read off one position."""
-    ids = []
-    for name in action_names:
-        reply = f"<answer>{name}</answer>"
-        token_ids = codec.tokenizer(reply, add_special_tokens=False)["input_ids"]
-        ends = codec.char_ends(token_ids)
-        ids.append(token_ids[next(i for i, end in enumerate(ends) if end > len("<answer>"))])
+    """Per action name, its token at the position where a reply chooses among them (action_readout).
+    Raises ValueError unless the K tokens are distinct, since a policy over the actions is then read off
+    that one position."""
+    ids = action_readout(codec, action_names).token_ids
     if len(set(ids)) != len(ids):
         raise ValueError(
-            f"the action names {list(action_names)} do not start with distinct tokens after <answer> "
+            f"the action names {list(action_names)} are not told apart by one token after <answer> "
             f"({[codec.decode([i]) for i in ids]}): a policy over them cannot be read off one position"
         )
     return ids
@@ -291,10 +310,13 @@ class EpisodeAssembler:
         loss_spans: str | list[str],
         adv_spans: str | list[str],
         action_char: int | None = None,
+        action_token_id: int | None = None,
     ) -> None:
         """Set the masks of the last reply's tokens and put its reward at its turn end; with
-        `action_char` (the reply offset where the turn's first executed action name starts), mark the
-        token holding that character as the turn's action token."""
+        `action_char` (the reply offset where the reply chooses the turn's first executed action,
+        ActionReadout.char_offset before its name), mark the token holding that character as the turn's
+        action token, unless `action_token_id` is given and the sampled token is another (a reply that
+        spelled the action with other tokens)."""
         turn, segment = self.last, self.segments[-1]
         start, end = turn.start, turn.start + len(turn.token_ids)
         loss = self._span_mask(turn, spans, loss_spans)
@@ -306,7 +328,9 @@ class EpisodeAssembler:
         segment.rewards[end - 1] = float(reward)
         if action_char is not None:
             ends = self.codec.char_ends(turn.token_ids)
-            segment.action_token[start + next(i for i, e in enumerate(ends) if e > action_char)] = True
+            index = next(i for i, e in enumerate(ends) if e > action_char)
+            if action_token_id is None or turn.token_ids[index] == action_token_id:
+                segment.action_token[start + index] = True
 
     def _span_mask(self, turn: SampledTurn, spans: dict[str, tuple[int, int]], selected) -> list[bool]:
         n = len(turn.token_ids)

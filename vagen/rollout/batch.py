@@ -112,8 +112,8 @@ class RolloutBatch:
     token_rewards:    (B, L) float32, each turn's reward at its turn end, 0 elsewhere
     rollout_logprobs: (B, L) float32, the engine's log-prob of each sampled token, 0 elsewhere
     token_turn:       (B, L) long, turn index (0-based) of the sampled tokens of this row, -1 elsewhere
-    action_token:     (B, L) bool, the sampled token where each turn's first executed action name starts
-                      (none in a turn that executed no action)
+    action_token:     (B, L) bool, the sampled token where each turn chose its first executed action
+                      (assembly.action_readout; none in a turn that executed no action or spelled it apart)
     group_ids:        (B,) long, group of the row's episode (same level within a group)
     episode_ids:      (B,) long, index of the row's episode in `episodes`, in [0, E)
     segment_ids:      (B,) long, position of the row among its episode's rows (turn order)

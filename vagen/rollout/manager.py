@@ -34,7 +34,7 @@ from envs_visual.remote import EnvServiceError, ServiceClient, reset_all, step_a
 from vagen.config import EnvConfig, RolloutConfig
 from vagen.models.adapters import adapter_for
 from vagen.models.tiny import resolve_model_path
-from vagen.rollout.assembly import ChatCodec, EpisodeAssembler
+from vagen.rollout.assembly import ActionReadout, ChatCodec, EpisodeAssembler, action_readout
 from vagen.rollout.batch import EpisodeRecord, RolloutBatch, TurnRecord, build_batch
 from vagen.rollout.engines.base import Generation, GenerationEngine, Prompt, SamplingParams
 from vagen.rollout.reasoning import score_reasoning
@@ -197,6 +197,7 @@ class RolloutManager:
         check_random_start(env_cfg, cfg.random_start, "rollout.random_start")
         self.timings: dict[str, float] = {}
         self.env_errors = 0
+        self._readouts: dict[tuple[str, ...], ActionReadout] = {}
 
     def train_batch(self) -> RolloutBatch:
         """G groups x n members on the next G training levels (exploring starts if `random_start`)."""
@@ -346,6 +347,13 @@ class RolloutManager:
                 return token_ids[:position], logprobs[:position], "banned_token"
         return token_ids, logprobs, generation.finish_reason
 
+    def _readout(self, action_names) -> ActionReadout:
+        """Where replies choose among these actions (the token the mpo update reads its policy at)."""
+        key = tuple(action_names)
+        if key not in self._readouts:
+            self._readouts[key] = action_readout(self.codec, key)
+        return self._readouts[key]
+
     def _take_reply(
         self, episode: _Episode, generation: Generation, timings: dict[str, float]
     ) -> _Reply | None:
@@ -385,8 +393,14 @@ class RolloutManager:
         reward = float(env_reward) + reasoning.reward
         timings["reward"] += time.perf_counter() - start
         start = time.perf_counter()
-        action_char = parse.action_starts[0] if info["actions_executed"] else None
-        assembler.finish_turn(reward, parse.spans, self.cfg.loss_spans, self.cfg.adv_spans, action_char)
+        action_char = action_token_id = None
+        if info["actions_executed"]:
+            readout = self._readout(episode.env.action_names)
+            action_char = parse.action_starts[0] + readout.char_offset
+            action_token_id = readout.token_ids[episode.env.action_names.index(info["actions_executed"][0])]
+        assembler.finish_turn(
+            reward, parse.spans, self.cfg.loss_spans, self.cfg.adv_spans, action_char, action_token_id
+        )
         timings["assemble"] += time.perf_counter() - start
         record = episode.record
         record.turns.append(

@@ -68,6 +68,15 @@ def test_a_collected_vllm_engine_leaves_the_callers_process_group(vlm):
     assert torch.distributed.is_initialized() and global_sum(2.0) == 2.0
 
 
+def test_an_explicitly_shut_vllm_engine_leaves_the_callers_process_group(vlm):
+    pytest.importorskip("vllm")
+    init_distributed()
+    model, processor = vlm
+    engine = make_engine("vllm", model, processor, RolloutConfig(max_context_tokens=512), max_num_seqs=4)
+    engine.llm.llm_engine.engine_core.shutdown()  # vllm's InprocClient.shutdown
+    assert torch.distributed.is_initialized() and global_sum(2.0) == 2.0
+
+
 def hf_logprobs(model, processor, prompt, generated_ids, temperature=1.0):
     """log-probs of generated_ids after prompt under `model` (the trainer's scoring path)."""
     ids = torch.tensor([prompt.token_ids + generated_ids])

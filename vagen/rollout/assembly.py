@@ -124,11 +124,7 @@ def action_readout(codec: ChatCodec, action_names: tuple[str, ...] | list[str]) 
     at different positions."""
     tokenize = codec.tokenizer
     encoded = [tokenize(f"<answer>{n}</answer>", add_special_tokens=False)["input_ids"] for n in action_names]
-    position = 0
-    while len(encoded) > 1 and all(len(e) > position + 1 for e in encoded):
-        if len({e[position] for e in encoded}) > 1:
-            break
-        position += 1
+    position = next((i for i, column in enumerate(zip(*encoded, strict=False)) if len(set(column)) > 1), 0)
     offset = len(codec.decode(encoded[0][:position])) - len("<answer>")
     return ActionReadout([e[position] for e in encoded], offset)
 

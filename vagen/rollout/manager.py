@@ -197,7 +197,7 @@ class RolloutManager:
         check_random_start(env_cfg, cfg.random_start, "rollout.random_start")
         self.timings: dict[str, float] = {}
         self.env_errors = 0
-        self._readouts: dict[tuple[str, ...], ActionReadout] = {}
+        self._readout: ActionReadout | None = None  # where replies choose their action (same for all envs)
 
     def train_batch(self) -> RolloutBatch:
         """G groups x n members on the next G training levels (exploring starts if `random_start`)."""
@@ -347,13 +347,6 @@ class RolloutManager:
                 return token_ids[:position], logprobs[:position], "banned_token"
         return token_ids, logprobs, generation.finish_reason
 
-    def _readout(self, action_names) -> ActionReadout:
-        """Where replies choose among these actions (the token the mpo update reads its policy at)."""
-        key = tuple(action_names)
-        if key not in self._readouts:
-            self._readouts[key] = action_readout(self.codec, key)
-        return self._readouts[key]
-
     def _take_reply(
         self, episode: _Episode, generation: Generation, timings: dict[str, float]
     ) -> _Reply | None:
@@ -395,7 +388,9 @@ class RolloutManager:
         start = time.perf_counter()
         action_char = action_token_id = None
         if info["actions_executed"]:
-            readout = self._readout(episode.env.action_names)
+            if self._readout is None:  # the token the mpo update reads its policy at
+                self._readout = action_readout(self.codec, episode.env.action_names)
+            readout = self._readout
             action_char = parse.action_starts[0] + readout.char_offset
             action_token_id = readout.token_ids[episode.env.action_names.index(info["actions_executed"][0])]
         assembler.finish_turn(

@@ -65,27 +65,31 @@ def renamed(name: str, prefixes: dict[str, str]) -> str:
 
 
 def keep_callers_group(llm: Any) -> None:
-    """Re-arm an in-process engine's shutdown (run when the engine is collected, or at exit) so that it
-    leaves torch.distributed's default group, which the caller made and still uses, in place. A
-    multiprocess engine shuts down in its own process and is left as it is."""
+    """Make an in-process engine's shutdown -- explicit, or run when the engine is collected or at exit --
+    leave torch.distributed's default group, which the caller made and still uses, in place (vLLM's own
+    groups are still destroyed). A multiprocess engine shuts down in its own process and is left as is."""
     client = llm.llm_engine.engine_core
     finalizer = getattr(client, "_finalizer", None)  # vllm.v1.engine.core_client.InprocClient
-    if isinstance(finalizer, weakref.finalize) and finalizer.detach() is not None:
-        client._finalizer = weakref.finalize(client, _shutdown_keeping_group, client.engine_core)
+    if not (isinstance(finalizer, weakref.finalize) and finalizer.detach() is not None):
+        return
+    core = client.engine_core
+    shutdown = core.shutdown
 
+    def shutdown_keeping_group(*args, **kwargs):
+        destroy = torch.distributed.destroy_process_group
 
-def _shutdown_keeping_group(engine_core: Any) -> None:
-    destroy = torch.distributed.destroy_process_group
+        def destroy_all_but_the_default(group=None):
+            if group is not None:  # vLLM's own groups
+                destroy(group)
 
-    def destroy_all_but_the_default(group=None):
-        if group is not None:  # vLLM's own groups
-            destroy(group)
+        torch.distributed.destroy_process_group = destroy_all_but_the_default
+        try:
+            shutdown(*args, **kwargs)
+        finally:
+            torch.distributed.destroy_process_group = destroy
 
-    torch.distributed.destroy_process_group = destroy_all_but_the_default
-    try:
-        engine_core.shutdown()
-    finally:
-        torch.distributed.destroy_process_group = destroy
+    core.shutdown = shutdown_keeping_group  # InprocClient.shutdown() calls it
+    client._finalizer = weakref.finalize(client, shutdown_keeping_group)  # and so does collection
 
 
 class VLLMEngine:

@@ -22,9 +22,18 @@ def make(task: str = LAVA_GAP, **kwargs) -> MiniGridEnv:
     return gymnasium.make("envs_visual/MiniGrid-v0", task=task, **kwargs).unwrapped
 
 
-@pytest.mark.parametrize("task", [LAVA_GAP, DOOR_KEY])
+@pytest.mark.parametrize("task", [LAVA_GAP, "MiniGrid-LavaGapS7-v0", DOOR_KEY])
 def test_check_env_passes(task):
     check_env(make(task), skip_render_check=False)
+
+
+def test_lava_gap_s7_has_fifteen_layouts_of_five_by_five_cells():
+    env = make("MiniGrid-LavaGapS7-v0")
+    layouts = set()
+    for seed in range(300):
+        observation, _ = env.reset(seed=seed)
+        layouts.add(env.layout_key)
+    assert len(layouts) == 15 and observation["image"].shape == (140, 140, 3)
 
 
 def test_one_cell_is_one_28_pixel_tile_and_the_text_grid_shows_the_level():
@@ -162,6 +171,23 @@ def test_random_start_moves_the_agent_to_an_empty_cell_shared_by_a_seed_and_keep
         env.reset(seed=seed, options={"random_start": 0.0})
         assert env.text_grid() == plain  # the level's own start
     assert len(starts) > 20
+
+
+def test_random_start_levels_start_where_their_seed_says_and_the_solver_wins_from_each():
+    env, exploring = make(start="random"), make()
+    starts = set()
+    for seed in range(24):
+        env.reset(seed=seed)
+        exploring.reset(seed=seed, options={"random_start": 1.0})
+        assert env.text_grid() == exploring.text_grid() and env.layout_key == exploring.layout_key
+        starts.add((env.agent, env.game.agent_dir))
+        actions = env.optimal_actions(14)
+        for action in actions:
+            *_, info = env.step(action)
+        assert actions and info["success"]
+    assert len(starts) > 12
+    with pytest.raises(ValueError, match="start must be 'task' or 'random'"):
+        make(start="anywhere")
 
 
 def test_unknown_task_is_refused():

@@ -9,7 +9,13 @@ import torch
 
 from vagen.config import EnvConfig, PerceptionConfig, RolloutConfig, SupervisedOptim
 from vagen.models.loading import load_policy
-from vagen.pretrain.perception import caption_batch, grid_accuracy, pretrain_perception, walk_states
+from vagen.pretrain.perception import (
+    caption_batch,
+    grid_accuracy,
+    pretrain_perception,
+    shuffle_cells,
+    walk_states,
+)
 from vagen.pretrain.supervised import REPORT_FILE, train_supervised
 from vagen.rollout.assembly import ChatCodec
 
@@ -27,6 +33,22 @@ def test_walks_never_end_the_episode_and_the_grid_matches_the_image():
         cell = image[player[0] * 28 + 14, player[1] * 28 + 14]
         assert tuple(cell) == (230, 30, 30)  # the flat style's player, alive (never in a hole, at the goal)
     assert len(players) >= 6  # the walks spread the player over the map
+
+
+def test_shuffled_cells_keep_each_tile_with_its_character():
+    (image, grid), *_ = walk_states(ENV, [5], max_walk=3, seed=0)
+    shuffled, shuffled_grid = shuffle_cells(image, grid, np.random.default_rng(1))
+    assert shuffled_grid != grid and sorted(shuffled_grid.split()) == sorted(grid.split())
+    tiles = {}  # character -> the tiles drawn for it in the real state
+    for r, row in enumerate(grid.split("\n")):
+        for c, char in enumerate(row.split(" ")):
+            tiles.setdefault(char, []).append(image[r * 28 : (r + 1) * 28, c * 28 : (c + 1) * 28])
+    for r, row in enumerate(shuffled_grid.split("\n")):
+        for c, char in enumerate(row.split(" ")):
+            tile = shuffled[r * 28 : (r + 1) * 28, c * 28 : (c + 1) * 28]
+            assert any(np.array_equal(tile, t) for t in tiles[char]), (r, c, char)
+    with pytest.raises(ValueError, match="not 4 x 4 square cells"):
+        shuffle_cells(image[:, :100], grid, np.random.default_rng(1))
 
 
 def test_caption_rows_train_only_the_grid_and_training_reads_it(tiny_vlm_path):
@@ -83,8 +105,9 @@ def test_perception_cache_key_follows_images_and_levels_not_rewards(tiny_vlm_pat
             str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, optim=SupervisedOptim(steps=10))
         ),
         perception_dir(str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, seed=1)),
+        perception_dir(str(tiny_vlm_path), ENV, rollout, dataclasses.replace(cfg, shuffle_cells=0.5)),
     ]
-    assert len({key, *changed}) == 5
+    assert len({key, *changed}) == 6
 
 
 def test_warm_start_builds_on_the_perception_model_when_enabled(tiny_vlm_path, tmp_path, monkeypatch):

@@ -206,18 +206,21 @@ def test_sokoban_and_slippery_mpo_recipes_change_only_what_their_task_needs():
 
 
 def test_minigrid_recipe_is_the_visual_mpo_recipe_on_lava_gap(tiny_vlm_path):
-    """minigrid_lavagap_tiny: frozenlake_mpo_tiny's update and optimizer on MiniGrid LavaGapS6, half the
-    training episodes from exploring starts, the turn budget the env's own step limit, perception from the
-    shipped FrozenLake reader (the same 4 x 4 cells of 28 px); its actions start with distinct tokens, so
-    MPO reads the policy off one position."""
+    """minigrid_lavagap_tiny: frozenlake_mpo_tiny's update and optimizer on MiniGrid LavaGapS6, every level
+    from a random start, the turn budget the env's own step limit, from the shipped MiniGrid reader (whose
+    perception settings the recipe keeps, to rebuild it); its actions start with distinct tokens, so MPO
+    reads the policy off one position."""
     base, minigrid = recipe("frozenlake_mpo_tiny"), recipe("minigrid_lavagap_tiny")
     assert asdict(minigrid.algo) == asdict(base.algo) and minigrid.optim == base.optim
-    assert minigrid.env.env_kwargs == {"task": "MiniGrid-LavaGapS6-v0", "max_steps": 14, "reward_scale": 10.0}
+    assert minigrid.env.env_kwargs == {
+        "task": "MiniGrid-LavaGapS6-v0", "max_steps": 14, "reward_scale": 10.0, "start": "random",
+    }  # fmt: skip
     r = minigrid.rollout
     assert r.max_turns == r.max_actions_per_episode == minigrid.env.env_kwargs["max_steps"]
-    assert r.random_start == 0.5 and r.num_groups == 128
-    assert minigrid.model.path == "assets/perception/frozenlake_slippery_mpo_tiny"
-    assert minigrid.perception.enabled and minigrid.warm_start.teacher == "format"
+    assert r.random_start == 0.0 and r.num_groups == 128
+    assert minigrid.model.path == "assets/perception/minigrid_lavagap_tiny"
+    assert not minigrid.perception.enabled and minigrid.perception.shuffle_cells == 1.0
+    assert minigrid.warm_start.teacher == "format"
     env_fields = asdict(minigrid.env) | {"env_id": base.env.env_id, "env_kwargs": base.env.env_kwargs}
     assert env_fields == asdict(base.env)
     codec = ChatCodec(load_policy(tiny_vlm_path)[1])
@@ -277,7 +280,9 @@ def test_ragen_recipe_is_starpo_s_without_kl():
     assert (a.clip_low, a.clip_high, a.kl_coef) == (0.2, 0.28, 0.0)
 
 
-@pytest.mark.parametrize("name", ["sokoban_mpo_tiny", "frozenlake_slippery_mpo_tiny"])
+@pytest.mark.parametrize(
+    "name", ["sokoban_mpo_tiny", "frozenlake_slippery_mpo_tiny", "minigrid_lavagap_tiny"]
+)
 def test_shipped_perception_models_match_their_recipe_and_load(name):
     """assets/perception/<recipe> (its README) was pretrained with the recipe's perception settings and
     still loads; a change to those settings makes it stale and fails here."""

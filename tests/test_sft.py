@@ -15,7 +15,7 @@ from vagen.config import EnvConfig, RolloutConfig, SupervisedOptim, WarmStartCon
 from vagen.models.loading import load_policy
 from vagen.pretrain import warm_start_model
 from vagen.pretrain.sft import run_sft, warm_start_dir
-from vagen.pretrain.supervised import length_batches, masked_nll, train_supervised
+from vagen.pretrain.supervised import masked_nll, shuffled_batches, train_supervised
 from vagen.pretrain.teachers import (
     GENERIC_REASONING,
     optimal_success,
@@ -146,16 +146,19 @@ def test_sft_data_masks_only_the_replies_and_training_lowers_the_masked_loss(tin
     assert len(losses) == 4 and after < before - 0.5
 
 
-def test_length_batches_mix_equal_length_rows_and_use_every_row_once_per_epoch():
+def test_shuffled_batches_are_uniform_samples_and_use_every_row_once_per_epoch():
     generator = np.random.default_rng(0)
-    lengths = [7] * 32 + [5] * 32  # e.g. two episodes' consecutive turns, every row of one length
-    epochs = [length_batches(lengths, 8, generator) for _ in range(2)]
+    epochs = [shuffled_batches(64, 8, generator) for _ in range(2)]
     for batches in epochs:
         assert sorted(row for batch in batches for row in batch) == list(range(64))
-        assert all(len({lengths[row] for row in batch}) == 1 for batch in batches)
         # a batch is not a run of consecutive rows (one episode's turns in a row)
         assert not any(sorted(batch) == list(range(min(batch), min(batch) + 8)) for batch in batches)
     assert epochs[0] != epochs[1]  # drawn afresh each epoch
+    # rows of two lengths (replies choosing `Left` and the longer `Forward`) share batches: over 200
+    # epochs the long rows' share per batch averages 1/2 and is rarely all-or-nothing
+    long_rows = set(range(32))
+    shares = [len(long_rows & set(b)) / 8 for _ in range(200) for b in shuffled_batches(64, 8, generator)]
+    assert abs(np.mean(shares) - 0.5) < 0.02 and np.mean([s in (0.0, 1.0) for s in shares]) < 0.02
 
 
 def tiny_warm_start(**changes) -> WarmStartConfig:

@@ -152,12 +152,12 @@ class PerceptionConfig:
     enabled: bool = option(False, "pretrain `model.path` to read the images first (cached)")
     samples: int = option(8192, "(image, grid) training samples", ge=1)
     max_walk: int = option(10, "random steps from the reset, at most", ge=0)
+    shuffle_cells: float = option(0.0, "share of training captions with their cells shuffled", ge=0, le=1)
     eval_samples: int = option(512, "validation samples scored after training", ge=1)
     seed: int = option(0, "seed of the levels, walks, data order and torch")
     optim: SupervisedOptim = section(
-        SupervisedOptim, "its AdamW steps", steps=3000, batch_size=64, lr=1e-3, warmup_steps=50,
-        min_lr_ratio=0.3,
-    )  # fmt: skip
+        SupervisedOptim, "AdamW steps", steps=3000, batch_size=64, lr=1e-3, warmup_steps=50, min_lr_ratio=0.3
+    )
 
 
 @dataclass

@@ -58,13 +58,15 @@ class Task:
 
 
 MINIGRID_ACTIONS = {"Left": 0, "Right": 1, "Forward": 2, "Pickup": 3, "Drop": 4, "Toggle": 5}
+LAVA_GAP = Task(
+    ("Left", "Right", "Forward"),
+    "You are playing MiniGrid LavaGap. Reach the green goal square through the gap in the wall of lava; "
+    f"stepping into lava ends the game. {ACTION_RULES}",
+    (("goal", "below"), ("goal", "right"), ("lava", "right")),
+)
 TASKS = {
-    "MiniGrid-LavaGapS6-v0": Task(
-        ("Left", "Right", "Forward"),
-        "You are playing MiniGrid LavaGap. Reach the green goal square through the gap in the wall of lava; "
-        f"stepping into lava ends the game. {ACTION_RULES}",
-        (("goal", "below"), ("goal", "right"), ("lava", "right")),
-    ),
+    "MiniGrid-LavaGapS6-v0": LAVA_GAP,  # 8 layouts: the lava column x in {2, 3}, its gap y in 1..4
+    "MiniGrid-LavaGapS7-v0": LAVA_GAP,  # 15 layouts: x in {2, 3, 4}, y in 1..5
     "MiniGrid-DoorKey-5x5-v0": Task(
         ("Left", "Right", "Forward", "Pickup", "Toggle"),
         "You are playing MiniGrid DoorKey. Pick up the key, unlock the door with it and reach the green goal "
@@ -82,7 +84,8 @@ class MiniGridEnv(gymnasium.Env):
     Rewards, termination (goal or lava) and truncation (after `max_steps` steps; None keeps the task's
     own limit) are MiniGrid's: the goal pays 1 - 0.9 * steps / max_steps, times `reward_scale`.
     info: success (the agent stands on the goal), action_is_effective (the agent or the grid changed).
-    Levels: `reset(seed)` passes the seed to MiniGrid's generator, so the seed alone fixes the level.
+    Levels: `reset(seed)` passes the seed to MiniGrid's generator, so the seed alone fixes the level;
+    `start="random"` also draws the start (cell and direction) from it, the layout key still the task's.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -97,9 +100,12 @@ class MiniGridEnv(gymnasium.Env):
         reward_scale: float = 1.0,
         cell_size: int = 28,
         render_mode: str | None = "rgb_array",
+        start: str = "task",
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
+        if start not in ("task", "random"):
+            raise ValueError(f"start must be 'task' or 'random', got {start!r}")
         spec = TASKS[task]
         self.task = task
         self.game = gymnasium.make(task, **({} if max_steps is None else {"max_steps": max_steps})).unwrapped
@@ -107,6 +113,7 @@ class MiniGridEnv(gymnasium.Env):
         self.reward_scale = reward_scale
         self.cell_size = cell_size
         self.render_mode = render_mode
+        self.start = start
         self.action_names = spec.action_names
         self.instruction = spec.instruction
         self.example_facts = spec.example_facts
@@ -125,6 +132,8 @@ class MiniGridEnv(gymnasium.Env):
         """options: {"random_start": q} starts, with probability q, on an empty cell and facing a direction
         drawn uniformly (exploring starts for training; the layout key is the level's own start); the
         draws come from the reset seed, so the members of a group share the start as they share the level.
+        With `start="random"` every reset starts so (a level is then a layout and a start: a held-out layout
+        is played from many starts, where LavaGap's own start makes it one episode).
         "dynamics_seed" is accepted and has no effect (MiniGrid's steps are deterministic)."""
         super().reset(seed=seed)
         start_draw, start_pick, direction = (
@@ -135,7 +144,8 @@ class MiniGridEnv(gymnasium.Env):
         self.game.reset(seed=seed)
         self._check_outer_wall()
         self.layout_key = self._grid_text(margin=0)  # the whole level: LavaGapS6 holds out 1 of its 8
-        if start_draw < float((options or {}).get("random_start", 0.0)):
+        random_start = 1.0 if self.start == "random" else float((options or {}).get("random_start", 0.0))
+        if start_draw < random_start:
             game = self.game
             cells = [
                 (x, y) for y in range(game.height) for x in range(game.width) if game.grid.get(x, y) is None

@@ -9,7 +9,8 @@ eyes the same way a VLM gets them -- by captioning -- on the game's own images:
 
 1. States: training levels of the run's seed schedule (validation layouts stay held out), each after a
    random walk of 0..`max_walk` steps that never ends the episode (a step that would terminate is
-   re-drawn), so the player stands on many cells.
+   re-drawn), so the player stands on many cells. For an env with few layouts (MiniGrid LavaGap has 8),
+   a share `perception.shuffle_cells` of the training states get their cells shuffled (`shuffle_cells`).
 2. Sample: one user turn "<image> + `PROMPT`", reply = the env's text grid (`env.unwrapped.text_grid()`,
    the text-only mode's observation) with spaces between cells, e.g. "P F F F\nF H F H\n...".
    Loss on the reply tokens only (the masked cross-entropy of vagen.pretrain.supervised).
@@ -65,6 +66,25 @@ def walk_states(env_cfg: EnvConfig, level_seeds: list[int], max_walk: int, seed:
         yield game.render(), cell_grid(game)
 
 
+def shuffle_cells(image: np.ndarray, grid: str, rng: np.random.Generator) -> tuple[np.ndarray, str]:
+    """The state's cells in a random order, image tiles and grid characters permuted together: a layout
+    the env may never make, so the reader learns to read each cell instead of recalling the training
+    layouts. Valid where each cell is drawn on its own tile, as MiniGrid draws them."""
+    cells = [row.split(" ") for row in grid.split("\n")]
+    height, width = len(cells), len(cells[0])
+    size = image.shape[0] // height
+    if image.shape[:2] != (height * size, width * size):
+        raise ValueError(f"a {image.shape[:2]} image is not {height} x {width} square cells")
+    tiles = (
+        image.reshape(height, size, width, size, -1).swapaxes(1, 2).reshape(height * width, size, size, -1)
+    )
+    order = rng.permutation(height * width)
+    shuffled = tiles[order].reshape(height, width, size, size, -1).swapaxes(1, 2).reshape(image.shape)
+    chars = [c for row in cells for c in row]
+    rows = [" ".join(chars[i] for i in order[r * width : (r + 1) * width]) for r in range(height)]
+    return np.ascontiguousarray(shuffled), "\n".join(rows)
+
+
 def caption_batch(codec: ChatCodec, system_prompt: str, states) -> RolloutBatch:
     """One row per (image, grid): system + user(image, PROMPT) + assistant(grid); loss on the reply."""
     segments, records = [], []
@@ -113,7 +133,12 @@ def pretrain_perception(
     seeds = seed_schedule(env_cfg, cfg.seed)  # its levels: training ones, validation layouts held out
     train_levels = [s.level for s in seeds.next_train(cfg.samples, 1)]
     val_levels = [s.level for s in seeds.validation(cfg.eval_samples, 1)]
-    train = caption_batch(codec, system_prompt, walk_states(env_cfg, train_levels, cfg.max_walk, cfg.seed))
+    rng = np.random.default_rng(cfg.seed)
+    train_states = [
+        shuffle_cells(image, grid, rng) if rng.random() < cfg.shuffle_cells else (image, grid)
+        for image, grid in walk_states(env_cfg, train_levels, cfg.max_walk, cfg.seed)
+    ]
+    train = caption_batch(codec, system_prompt, train_states)
     val = caption_batch(codec, system_prompt, walk_states(env_cfg, val_levels, cfg.max_walk, cfg.seed + 1))
     log(
         f"perception data: {len(train)} train / {len(val)} validation samples "

@@ -136,11 +136,7 @@ class MiniGridEnv(gymnasium.Env):
         is played from many starts, where LavaGap's own start makes it one episode).
         "dynamics_seed" is accepted and has no effect (MiniGrid's steps are deterministic)."""
         super().reset(seed=seed)
-        start_draw, start_pick, direction = (
-            self.np_random.random(),
-            self.np_random.random(),
-            self.np_random.random(),
-        )
+        start_draw, start_pick, direction = self.np_random.random(3)
         self.game.reset(seed=seed)
         self._check_outer_wall()
         self.layout_key = self._grid_text(margin=0)  # the whole level: LavaGapS6 holds out 1 of its 8

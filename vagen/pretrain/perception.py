@@ -134,10 +134,10 @@ def pretrain_perception(
     train_levels = [s.level for s in seeds.next_train(cfg.samples, 1)]
     val_levels = [s.level for s in seeds.validation(cfg.eval_samples, 1)]
     rng = np.random.default_rng(cfg.seed)
-    train_states = [
+    train_states = (  # a generator, as walk_states: caption_batch holds the images once
         shuffle_cells(image, grid, rng) if rng.random() < cfg.shuffle_cells else (image, grid)
         for image, grid in walk_states(env_cfg, train_levels, cfg.max_walk, cfg.seed)
-    ]
+    )
     train = caption_batch(codec, system_prompt, train_states)
     val = caption_batch(codec, system_prompt, walk_states(env_cfg, val_levels, cfg.max_walk, cfg.seed + 1))
     log(

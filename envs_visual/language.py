@@ -25,6 +25,7 @@ from envs_visual.facts import Fact, facts_to_sentence
 
 IMAGE_PLACEHOLDER = "<image>"
 TAGS = ("think", "observation", "reasoning", "prediction", "answer")
+SPAN_NAMES = (*TAGS, "action")  # ParseResult.spans: each tag's element, and the answer's inner text
 ACTION_SEPARATOR = re.compile(r",|\|\|")
 # Free text inside an element: anything that is not one of our tags (so nested or stray tags fail).
 _FREE_TEXT = r"(?:(?!</?(?:" + "|".join(TAGS) + r")>).)*"
@@ -86,7 +87,8 @@ class ParseResult:
     actions: list[str]  # canonical names of the valid actions before the first invalid one
     num_invalid: int  # actions dropped (invalid, after an invalid one, or over the per-turn cap)
     texts: dict[str, str] = field(default_factory=dict)  # tag -> inner text
-    spans: dict[str, tuple[int, int]] = field(default_factory=dict)  # tag -> [start, end) of the element
+    # tag -> [start, end) of the element, tags included; "action": the answer's inner text alone
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     action_starts: list[int] = field(default_factory=list)  # reply offset of each of `actions`' names
 
 
@@ -120,6 +122,7 @@ def parse_reply(
         return ParseResult(format_ok=False, actions=[], num_invalid=0)
     texts = {tag: match.group(f"{tag}_text") for tag in TAGS if tag in match.re.groupindex}
     spans = {tag: match.span(tag) for tag in texts}
+    spans["action"] = match.span("answer_text")  # the answer without its tags: the tokens that decide
     canonical = {name.lower(): name for name in action_names}
     answer, answer_start = texts["answer"], match.start("answer_text")
     bounds = [0] + [x for sep in ACTION_SEPARATOR.finditer(answer) for x in sep.span()] + [len(answer)]

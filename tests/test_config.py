@@ -154,7 +154,7 @@ def test_every_field_has_help_and_numbers_declare_a_range():
 
 
 def test_choices_are_the_registries_keys():
-    from envs_visual.language import INSTRUCTION_STYLES, PROMPT_FORMATS, TAGS
+    from envs_visual.language import INSTRUCTION_STYLES, PROMPT_FORMATS, SPAN_NAMES
     from vagen.algo import ADVANTAGE_ESTIMATORS, GROUP_FILTERS, KL_ESTIMATORS, LOSS_AGGREGATIONS
     from vagen.critics import STATE_CRITICS
     from vagen.models.build import CRITIC_BUILDERS
@@ -172,7 +172,7 @@ def test_choices_are_the_registries_keys():
     assert config.TEACHERS == tuple(TEACHERS)
     assert config.PROMPT_FORMATS == tuple(PROMPT_FORMATS)
     assert config.INSTRUCTION_STYLES == INSTRUCTION_STYLES
-    assert config.SPAN_NAMES == TAGS
+    assert config.SPAN_NAMES == SPAN_NAMES
     assert config.ENGINES == tuple(ENGINES)
 
 

@@ -15,6 +15,7 @@ from envs_visual.minigrid import MiniGridEnv
 from vagen.rollout.seeds import SeedSchedule
 
 LAVA_GAP, DOOR_KEY = "MiniGrid-LavaGapS6-v0", "MiniGrid-DoorKey-5x5-v0"
+LAVA_CROSSING = "MiniGrid-LavaCrossingS7N2-v0"
 LEFT, RIGHT, FORWARD, PICKUP, TOGGLE = range(5)
 
 
@@ -22,18 +23,22 @@ def make(task: str = LAVA_GAP, **kwargs) -> MiniGridEnv:
     return gymnasium.make("envs_visual/MiniGrid-v0", task=task, **kwargs).unwrapped
 
 
-@pytest.mark.parametrize("task", [LAVA_GAP, "MiniGrid-LavaGapS7-v0", DOOR_KEY])
+@pytest.mark.parametrize("task", [LAVA_GAP, "MiniGrid-LavaGapS7-v0", LAVA_CROSSING, DOOR_KEY])
 def test_check_env_passes(task):
     check_env(make(task), skip_render_check=False)
 
 
-def test_lava_gap_s7_has_fifteen_layouts_of_five_by_five_cells():
-    env = make("MiniGrid-LavaGapS7-v0")
+@pytest.mark.parametrize(("task", "count"), [("MiniGrid-LavaGapS7-v0", 15), (LAVA_CROSSING, 82)])
+def test_the_seven_by_seven_tasks_have_their_layouts_of_five_by_five_cells(task, count):
+    env = make(task)
     layouts = set()
-    for seed in range(300):
+    for seed in range(2000):
         observation, _ = env.reset(seed=seed)
         layouts.add(env.layout_key)
-    assert len(layouts) == 15 and observation["image"].shape == (140, 140, 3)
+    assert len(layouts) == count and observation["image"].shape == (140, 140, 3)
+    for seed in range(20):  # the solver crosses every level
+        env.reset(seed=seed)
+        assert env.optimal_actions(100), seed
 
 
 def test_one_cell_is_one_28_pixel_tile_and_the_text_grid_shows_the_level():

@@ -32,6 +32,7 @@ def test_free_think_texts_and_whole_element_spans():
     assert result.texts == {"think": "go left\n", "answer": "left, UP || Down"}
     assert reply[slice(*result.spans["think"])] == "<think>go left\n</think>"
     assert reply[slice(*result.spans["answer"])] == "<answer>left, UP || Down</answer>"
+    assert reply[slice(*result.spans["action"])] == "left, UP || Down"  # the answer without its tags
 
 
 def test_grounding_worldmodeling_nested_spans():
@@ -267,7 +268,10 @@ def test_parser_never_raises_and_spans_are_consistent(reply, prompt_format):
     assert len(result.actions) <= 3 and result.num_invalid >= 0
     assert all(action in ACTIONS for action in result.actions)
     for tag, (start, end) in result.spans.items():
-        assert 0 <= start < end <= len(reply) and result.texts[tag] in reply[start:end]
+        if tag == "action":  # the answer's inner text, which may be empty
+            assert reply[start:end] == result.texts["answer"]
+        else:
+            assert 0 <= start < end <= len(reply) and result.texts[tag] in reply[start:end]
     assert result.format_ok <= (result.num_invalid == 0 and len(result.actions) >= 1)
 
 

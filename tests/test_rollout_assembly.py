@@ -63,6 +63,8 @@ def play(codec, replies, window=None, stopped=None, spans=("all", "all"), pin_fi
             for tag in ("think", "answer")
             if f"</{tag}>" in reply
         }
+        if "</answer>" in reply:
+            spans_t["action"] = (reply.index("<answer>") + len("<answer>"), reply.index("</answer>"))
         assembler.finish_turn(float(t + 1), spans_t, spans[0], spans[1])
     return assembler, prompts
 
@@ -128,6 +130,26 @@ def test_answer_span_masks_select_exactly_the_answer_tokens(codec):
         ids[loss].tolist() == answer_ids + codec.stop_token_ids
     )  # the end-of-turn token stays in both masks
     assert torch.equal(batch.adv_mask[0], loss)
+
+
+def test_action_span_masks_the_tokens_of_the_action_name_not_the_tags(codec):
+    replies = [reply_ids(codec, "thinking hard", "Down")]
+    assembler, _ = play(codec, replies, spans=(["action"], ["action"]))
+    batch = build_batch([assembler.segments], [EpisodeRecord(0, 0, 0, 0)], codec.pad_token_id)
+    loss, ids = batch.loss_mask[0], batch.input_ids[0]
+    selected = ids[loss].tolist()
+    assert selected[-len(codec.stop_token_ids) :] == codec.stop_token_ids  # the turn end stays
+    chosen = codec.tokenizer.decode(selected[: -len(codec.stop_token_ids)])
+    # a token holding a tag character and the name's first (">Down") is in; the tags' own tokens are not
+    assert "Down" in chosen and "answer" not in chosen and "think" not in chosen
+    assert torch.equal(batch.adv_mask[0], loss)
+
+
+def test_an_empty_reply_with_selected_spans_keeps_only_its_turn_end(codec):
+    assembler, _ = play(codec, [[]], spans=(["action"], ["answer"]))  # the stop token alone
+    batch = build_batch([assembler.segments], [EpisodeRecord(0, 0, 0, 0)], codec.pad_token_id)
+    assert batch.input_ids[0][batch.loss_mask[0]].tolist() == codec.stop_token_ids
+    assert torch.equal(batch.adv_mask[0], batch.loss_mask[0])
 
 
 def test_think_span_excludes_answer_but_adv_keeps_turn_end(codec):

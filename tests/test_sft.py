@@ -128,7 +128,9 @@ def test_sft_data_masks_only_the_replies_and_training_lowers_the_masked_loss(tin
     model, processor = load_policy(tiny_vlm_path)
     codec = ChatCodec(processor)
     seeds = SeedSchedule(0, 0, 10**6).next_train(4, 1)
-    records, segments = play_teacher_episodes(ENV, ROLLOUT, codec, seeds, "solver", seed=0)
+    # RL's selective spans do not narrow the imitation: the warm start learns the whole reply, tags included
+    selective = dataclasses.replace(ROLLOUT, loss_spans=["action"], adv_spans=["action"])
+    records, segments = play_teacher_episodes(ENV, selective, codec, seeds, "solver", seed=0)
     data = build_batch(segments, records, codec.pad_token_id)
     assert all(record.success or record.num_actions == 4 for record in records)
     end = codec.stop_token_ids[0]
@@ -205,12 +207,17 @@ def test_cache_key_changes_with_every_input(tiny_vlm_path):
     ]
     assert len({key, *changed}) == 7
     # reward weights and the RL engine / batch shape / exploring starts (the teacher starts on the level's
-    # start) change neither the conversations nor the training
+    # start) / loss spans change neither the conversations nor the training
     reward_only = dataclasses.replace(
         ENV, format_reward=0.0, format_penalty=-1.0, grounding_reward_weight=2.0
     )
     engine_only = dataclasses.replace(
-        ROLLOUT, engine="hf" if ROLLOUT.engine == "vllm" else "vllm", num_groups=3, random_start=1.0
+        ROLLOUT,
+        engine="hf" if ROLLOUT.engine == "vllm" else "vllm",
+        num_groups=3,
+        random_start=1.0,
+        loss_spans=["answer"],
+        adv_spans=["action"],
     )
     assert warm_start_dir(str(tiny_vlm_path), reward_only, engine_only, base) == key
 

@@ -64,9 +64,22 @@ LAVA_GAP = Task(
     f"stepping into lava ends the game. {ACTION_RULES}",
     (("goal", "below"), ("goal", "right"), ("lava", "right")),
 )
+LAVA_CROSSING = Task(
+    ("Left", "Right", "Forward"),
+    "You are playing MiniGrid LavaCrossing. Reach the green goal square through the gaps in the walls of "
+    f"lava; stepping into lava ends the game. {ACTION_RULES}",
+    (("goal", "below"), ("goal", "right"), ("lava", "right")),
+)
+# MiniGrid registers its lava crossings at 9 x 9 and up; this one is its own generator (CrossingEnv) at the
+# 7 x 7 of LavaGapS7, with two walls of lava to cross: 82 layouts instead of LavaGap's 8 or 15.
+if "MiniGrid-LavaCrossingS7N2-v0" not in gymnasium.registry:
+    gymnasium.register(
+        "MiniGrid-LavaCrossingS7N2-v0", "minigrid.envs:CrossingEnv", kwargs={"size": 7, "num_crossings": 2}
+    )
 TASKS = {
     "MiniGrid-LavaGapS6-v0": LAVA_GAP,  # 8 layouts: the lava column x in {2, 3}, its gap y in 1..4
     "MiniGrid-LavaGapS7-v0": LAVA_GAP,  # 15 layouts: x in {2, 3, 4}, y in 1..5
+    "MiniGrid-LavaCrossingS7N2-v0": LAVA_CROSSING,  # 82 layouts: two of the 4 walls at x or y in {2, 4}
     "MiniGrid-DoorKey-5x5-v0": Task(
         ("Left", "Right", "Forward", "Pickup", "Toggle"),
         "You are playing MiniGrid DoorKey. Pick up the key, unlock the door with it and reach the green goal "

@@ -77,10 +77,10 @@ def describe(summary: EvalSummary) -> dict[str, float]:
 
 # Fields that change neither the teacher's conversations nor the training: reward weights (the loss is
 # cross-entropy; only the report's mean return is in the rewards of the run that built the cache), and
-# the RL rollout's engine, batch shape and exploring starts.
+# the RL rollout's engine, batch shape, exploring starts and loss spans (the teacher rows take them all).
 NOT_IN_CACHE_KEY = {
     "env": {"format_reward", "format_penalty", "grounding_reward_weight", "worldmodel_reward_weight"},
-    "rollout": {"engine", "num_groups", "group_size", "random_start"},
+    "rollout": {"engine", "num_groups", "group_size", "random_start", "loss_spans", "adv_spans"},
     "warm_start": set(),
 }
 

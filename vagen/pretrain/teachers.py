@@ -175,8 +175,9 @@ def play_teacher_episodes(
     seed: int,
 ) -> tuple[list[EpisodeRecord], list[list[Segment]]]:
     """One teacher-played episode per entry with the rollout's action budget and episode ends; with a
-    codec, each is also assembled like RolloutManager.collect (same template, window and masks), the
-    replies tokenised from the teacher's text. Returns the episodes and their rows (segments)."""
+    codec, each is also assembled like RolloutManager.collect (same template and window), the replies
+    tokenised from the teacher's text and every reply token in the loss: the warm start imitates the whole
+    reply, whichever spans `rollout.loss_spans` gives RL. Returns the episodes and their rows (segments)."""
     rng = np.random.default_rng(seed)
     env = make_language_env(env_cfg, local=True)
     records, segments = [], []
@@ -200,8 +201,7 @@ def play_teacher_episodes(
             if codec is not None:
                 token_ids = codec.tokenizer.encode(reply, add_special_tokens=False) + codec.stop_token_ids
                 assembler.add_reply(token_ids, [0.0] * len(token_ids), stopped=True)
-                spans = info["parse"].spans
-                assembler.finish_turn(reward, spans, rollout_cfg.loss_spans, rollout_cfg.adv_spans)
+                assembler.finish_turn(reward, {}, "all", "all")
             record.num_actions += len(info["actions_executed"])
             record.success = bool(info["success"])
             record.episode_return += reward

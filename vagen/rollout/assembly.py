@@ -334,7 +334,7 @@ class EpisodeAssembler:
             return [True] * n
         reply_len = n - 1 if turn.stopped else n
         ends = self.codec.char_ends(turn.token_ids[:reply_len])
-        starts = [0, *ends[:-1]]
+        starts = [0, *ends][: len(ends)]  # an empty reply (the end-of-turn token alone) has no tokens
         ranges = [spans[name] for name in selected if name in spans]
         mask = [any(s < b and a < e for a, b in ranges) for s, e in zip(starts, ends, strict=True)]
         return mask + [True] * (n - reply_len)

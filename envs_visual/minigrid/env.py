@@ -13,6 +13,7 @@ stepping copies of the wrapped env.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -64,11 +65,10 @@ LAVA_GAP = Task(
     f"stepping into lava ends the game. {ACTION_RULES}",
     (("goal", "below"), ("goal", "right"), ("lava", "right")),
 )
-LAVA_CROSSING = Task(
-    ("Left", "Right", "Forward"),
-    "You are playing MiniGrid LavaCrossing. Reach the green goal square through the gaps in the walls of "
-    f"lava; stepping into lava ends the game. {ACTION_RULES}",
-    (("goal", "below"), ("goal", "right"), ("lava", "right")),
+LAVA_CROSSING = dataclasses.replace(
+    LAVA_GAP,
+    instruction="You are playing MiniGrid LavaCrossing. Reach the green goal square through the gaps in the "
+    f"walls of lava; stepping into lava ends the game. {ACTION_RULES}",
 )
 # MiniGrid registers its lava crossings at 9 x 9 and up; this one is its own generator (CrossingEnv) at the
 # 7 x 7 of LavaGapS7, with two walls of lava to cross: 82 layouts instead of LavaGap's 8 or 15.

@@ -315,26 +315,32 @@ class EpisodeAssembler:
         spelled the action with other tokens)."""
         turn, segment = self.last, self.segments[-1]
         start, end = turn.start, turn.start + len(turn.token_ids)
-        loss = self._span_mask(turn, spans, loss_spans)
-        adv = self._span_mask(turn, spans, adv_spans)
+        needs_ends = action_char is not None or loss_spans != "all" or adv_spans != "all"
+        ends = self.codec.char_ends(turn.token_ids) if needs_ends else []  # decoded once per turn
+        loss = self._span_mask(turn, ends, spans, loss_spans)
+        adv = self._span_mask(turn, ends, spans, adv_spans)
         adv[-1] = True
         segment.loss_mask[start:end] = loss
         segment.adv_mask[start:end] = adv
         segment.turn_end[end - 1] = True
         segment.rewards[end - 1] = float(reward)
         if action_char is not None:
-            ends = self.codec.char_ends(turn.token_ids)
             index = next(i for i, e in enumerate(ends) if e > action_char)
             if action_token_id is None or turn.token_ids[index] == action_token_id:
                 segment.action_token[start + index] = True
 
-    def _span_mask(self, turn: SampledTurn, spans: dict[str, tuple[int, int]], selected) -> list[bool]:
+    @staticmethod
+    def _span_mask(
+        turn: SampledTurn, ends: list[int], spans: dict[str, tuple[int, int]], selected
+    ) -> list[bool]:
+        """Per token of the turn: whether it overlaps a selected span (`ends`: the tokens' character ends,
+        ChatCodec.char_ends); the end-of-turn token is always in."""
         n = len(turn.token_ids)
         if selected == "all":
             return [True] * n
         reply_len = n - 1 if turn.stopped else n
-        ends = self.codec.char_ends(turn.token_ids[:reply_len])
-        starts = [0, *ends][: len(ends)]  # an empty reply (the end-of-turn token alone) has no tokens
+        reply_ends = ends[:reply_len]
+        starts = [0, *reply_ends][:reply_len]  # an empty reply (the end-of-turn token alone) has no tokens
         ranges = [spans[name] for name in selected if name in spans]
-        mask = [any(s < b and a < e for a, b in ranges) for s, e in zip(starts, ends, strict=True)]
+        mask = [any(s < b and a < e for a, b in ranges) for s, e in zip(starts, reply_ends, strict=True)]
         return mask + [True] * (n - reply_len)

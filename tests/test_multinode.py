@@ -4,12 +4,12 @@ folder. Four steps straight == two steps, both nodes killed, then resume=auto fo
 (docs/env-service.md#multi-node)."""
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 from test_env_service import free_port, start_server, stop_server  # sibling test modules
 from test_trainer import comparable, tiny_overrides
 
@@ -38,7 +38,7 @@ def launch_nodes(run_dir: Path, servers: list[str], **extra) -> list[subprocess.
                 command,
                 cwd=REPO,
                 env=env,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
             )
@@ -46,10 +46,36 @@ def launch_nodes(run_dir: Path, servers: list[str], **extra) -> list[subprocess.
     return nodes
 
 
-def wait_for(nodes: list[subprocess.Popen], timeout_s: float = 300) -> None:
+def wait_for(nodes: list[subprocess.Popen], timeout_s: float = 300) -> str:
+    """Wait for every node to exit cleanly; return node 0's stdout (rank 0 prints the run's log)."""
+    outputs = []
     for node in nodes:
-        _, stderr = node.communicate(timeout=timeout_s)
+        stdout, stderr = node.communicate(timeout=timeout_s)
         assert node.returncode == 0, stderr.decode()[-3000:]
+        outputs.append(stdout.decode())
+    return outputs[0]
+
+
+def kill_nodes(nodes: list[subprocess.Popen]) -> None:
+    """SIGKILL every process of every node at once. torchrun starts each rank in a session of its own,
+    so killing the agent's process group would leave the ranks training on as orphans."""
+    agents = [psutil.Process(node.pid) for node in nodes]
+    processes = agents + [child for agent in agents for child in agent.children(recursive=True)]
+    for process in processes:
+        process.kill()
+    for node in nodes:
+        node.communicate()
+    deadline = time.monotonic() + 30
+    while not all(is_dead(process) for process in processes):
+        assert time.monotonic() < deadline, "a rank survived SIGKILL"
+        time.sleep(0.05)
+
+
+def is_dead(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE  # killed, not yet reaped by its new parent
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_two_nodes_killed_and_resumed_log_what_an_uninterrupted_run_logs(tmp_path):
@@ -67,17 +93,16 @@ def test_two_nodes_killed_and_resumed_log_what_an_uninterrupted_run_logs(tmp_pat
             assert all(node.poll() is None for node in nodes), nodes[0].stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint after 300 s"
             time.sleep(0.05)
-        for node in nodes:  # the whole node: its torchrun agent and its rank
-            os.killpg(node.pid, signal.SIGKILL)
-            node.wait()
+        kill_nodes(nodes)  # the whole node: its torchrun agent and its rank
         assert not (killed / "checkpoints" / "step_000004").exists()
 
-        wait_for(launch_nodes(killed, urls, **{"trainer.resume": "auto"}))
+        log = wait_for(launch_nodes(killed, urls, **{"trainer.resume": "auto"}))
     finally:
         for server in servers:
             stop_server(server)
     resumed = [comparable(m) for m in read_metrics(killed / "metrics.jsonl")]
     expected = [comparable(m) for m in read_metrics(straight / "metrics.jsonl")]
+    assert "step_000002 (step 2)" in log  # steps 3 and 4 were trained by the resumed run
     assert [m["step"] for m in resumed] == [0, 1, 2, 3, 4]
     assert resumed == expected
     assert all(m.get("rollout/env_errors", 0) == 0 for m in expected)

@@ -29,7 +29,6 @@ def test_tiny_recipes_pass_the_start_up_checks(recipe):
     ("overrides", "message"),
     [
         (["algo.adv=grpo", "algo.kl_in_reward=true"], "'algo.kl_in_reward': a per-token KL reward needs"),
-        (["algo.adv=gae", "algo.critic=state"], "'algo.critic': critic=state gives one value per turn"),
         (["algo.policy_loss=mpo"], "policy_loss=mpo needs Q(s, a) of every action: set algo.critic=state"),
         (
             ["algo.policy_loss=mpo", "algo.critic=state", "env.max_actions_per_turn=2"],

@@ -299,8 +299,8 @@ class AlgoConfig:
     vf_clip: float = option(0.5, "value clip around the rollout-time values", gt=0)
     critic: str = option(
         "model",
-        "model (a value head on the policy's backbone) | state (an MLP on the env's true state: turn-level "
-        "estimators, mpo)",
+        "model (a value head on the policy's backbone) | state (an MLP on the env's true state: V(s_t) on "
+        "every token of turn t, or mpo's Q(s, a))",
         choices=CRITICS,
     )
     state_critic_steps: int = option(20, "critic=state: full-batch regression steps per rollout", ge=1)

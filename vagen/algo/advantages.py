@@ -442,7 +442,6 @@ class AdvantageEstimator:
 
     compute: Callable[[AdvantageInputs, AdvantageParams], tuple[Tensor, Tensor | None]]
     uses_critic: bool  # True: needs inputs.values and yields returns for the value loss
-    turn_level: bool = False  # True: its recursion runs over turns, so one value per turn suffices
     # default loss aggregation (LOSS_AGGREGATIONS): an advantage shared by a whole episode (or turn group)
     # is averaged per episode, or episodes that run out their turns would outweigh short successes
     aggregation: str = "token-mean"
@@ -450,8 +449,8 @@ class AdvantageEstimator:
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "gae": AdvantageEstimator(_gae, uses_critic=True),
-    "turn_gae": AdvantageEstimator(_turn_gae, uses_critic=True, turn_level=True),
-    "bilevel_gae": AdvantageEstimator(_bilevel_gae, uses_critic=True, turn_level=True),
+    "turn_gae": AdvantageEstimator(_turn_gae, uses_critic=True),
+    "bilevel_gae": AdvantageEstimator(_bilevel_gae, uses_critic=True),
     "grpo": AdvantageEstimator(_grpo, uses_critic=False, aggregation="episode-mean"),
     "rloo": AdvantageEstimator(_rloo, uses_critic=False, aggregation="episode-mean"),
     "gigpo": AdvantageEstimator(_gigpo, uses_critic=False, aggregation="episode-mean"),

@@ -3,8 +3,8 @@ estimator `algo.adv` (gae, turn_gae, bilevel_gae = TRICO, grpo, rloo, gigpo; vag
 
 The estimator runs on each episode's packed adv-masked tokens (RolloutBatch.view), with the values of
 the run's critic where it uses one: a model critic (its value at every token) or a V state critic (its
-V(s_t) on every token of turn t; turn-level estimators only). A state critic then regresses onto the
-estimator's returns at the turn ends.
+V(s_t) on every token of turn t; under token-level `gae` a turn's tokens then differ only by the
+discount). A state critic regresses onto the estimator's returns at the turn ends.
 """
 
 from __future__ import annotations
@@ -107,12 +107,6 @@ class PPOUpdate:
             "algo.kl_tokens",
             "rest anchors the sampled tokens without policy loss, and with rollout.loss_spans=all there are "
             "none: select the loss spans (e.g. rollout.loss_spans=[answer])",
-        )
-        require(
-            self.critic(cfg) != "state" or estimator.turn_level,
-            "algo.critic",
-            f"critic=state gives one value per turn; use it with a turn-level estimator "
-            f"({', '.join(n for n, e in ADVANTAGE_ESTIMATORS.items() if e.turn_level)}), not '{algo.adv}'",
         )
 
     def describe(self, cfg: RunConfig) -> str:

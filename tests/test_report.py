@@ -29,8 +29,10 @@ def test_report_writes_the_curve_and_the_next_commands(tmp_path):
     (tmp_path / "rollouts").mkdir()
     (tmp_path / "rollouts" / "index.html").write_text("<html>")
 
-    lines = end_of_run_report(tmp_path, 10, 64, val(0.0, 0.0, 0.057), val(0.5, 0.38, 0.62))
+    lines = end_of_run_report(tmp_path, 10, 64, val(0.0, 0.0, 0.057), val(0.5, 0.38, 0.62), "mpo")
     text = "\n".join(lines)
+
+    assert lines[0].startswith("[vagen] algorithm: mpo (where TRICO and the others stand: docs/results.md")
 
     assert "64 episodes): before 0.000 [0.000, 0.057] -> after 0.500 [0.380, 0.620]" in text
     image = iio.imread(tmp_path / LEARNING_CURVE_FILE)
@@ -44,7 +46,7 @@ def test_report_without_checkpoints_or_rollouts_still_says_where_to_go(tmp_path)
     write_metrics(tmp_path, 3)
     lines = end_of_run_report(tmp_path, 3, 8, val(0.0, 0.0, 0.3), val(0.0, 0.0, 0.3))
     text = "\n".join(lines)
-    assert "trainer.resume" not in text and "rollout GIFs" not in text
+    assert "trainer.resume" not in text and "rollout GIFs" not in text and "algorithm" not in text
     assert "on GPUs" in text and (tmp_path / LEARNING_CURVE_FILE).is_file()
 
 

@@ -27,7 +27,7 @@ def end_of_run_report(
     run_dir = Path(run_dir)
     config = run_dir / "config.yaml"  # the resolved config: every key, the same run again
     lines = (
-        [f"[vagen] algorithm: {algorithm} (all algorithms on these tasks: docs/results.md)"]
+        [f"[vagen] algorithm: {algorithm} (where TRICO and the others stand: docs/results.md#the-table)"]
         if algorithm
         else []
     )

@@ -20,6 +20,7 @@ writes under bench/results/:
 
 Tasks are recipe names (configs/<task>_tiny.yaml) or YAML paths; algorithms are advantage estimators
 with an optional "+starpo_s" (StarPO-S: keep the groups with the largest in-group return std).
+`--label selective` names a variant (one algorithm with extra overrides): `bilevel_gae/selective`.
 """
 
 import argparse
@@ -132,7 +133,9 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
         minutes = args.minutes if args.minutes is not None else default_minutes(task)
         for seed in args.seeds:
             for algo in args.algos:
-                run_dir = Path(args.runs_root) / f"{name}-{algo.replace('+', '-')}-s{seed}"
+                variant = f"{algo}/{args.label}" if args.label else algo
+                folder = f"{name}-{variant}-s{seed}".replace("+", "-").replace("/", "-")
+                run_dir = Path(args.runs_root) / folder
                 overrides = [
                     *algorithm_overrides(algo),
                     "warm_start.teacher=format",  # every algorithm starts from the format warm start
@@ -149,7 +152,7 @@ def plan_runs(args: argparse.Namespace) -> list[Run]:
                 runs.append(
                     Run(
                         name,
-                        algo,
+                        variant,
                         seed,
                         os.path.relpath(recipe_of(task), REPO),
                         str(run_dir),
@@ -467,6 +470,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-levels", type=int, default=512, help="held-out validation levels")
     parser.add_argument("--runs-root", default="runs/bench_learning", help="where run folders go")
     parser.add_argument("--results", default=str(REPO / "bench" / "results"), help="table and plots")
+    parser.add_argument(
+        "--label",
+        help="names a variant run with extra overrides: its rows, curves and folders read ALGO/LABEL",
+    )
     parser.add_argument("--no-solver", action="store_true", help="skip the solver warm-start reference")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--summarize-only", nargs="+", metavar="DIR", help="table + plots from run folders")

@@ -85,3 +85,15 @@ def test_default_budget_follows_the_recipes_env():
     assert learning.default_minutes("sokoban") == 60.0
     assert learning.default_minutes("configs/sokoban_mpo_tiny.yaml") == 60.0  # a path, not a task name
     assert learning.default_minutes("configs/frozenlake_slippery_mpo_tiny.yaml") == 30.0
+
+
+def test_a_labelled_variant_has_its_own_name_and_folder():
+    args = learning.parse_args(
+        ["--tasks", "frozenlake", "--algos", "bilevel_gae", "gae", "--seeds", "0", "--label", "selective"]
+        + ["--runs-root", "runs", "--", "rollout.loss_spans=[action]"]
+    )
+    trico, ppo = learning.plan_runs(args)
+    assert trico.algo == "bilevel_gae/selective"
+    assert Path(trico.run_dir).name == "frozenlake-bilevel_gae-selective-s0"
+    assert ppo.algo == "gae/selective" and "algo.adv=gae" in ppo.overrides
+    assert ppo.overrides[-1] == "rollout.loss_spans=[action]"

@@ -59,11 +59,17 @@ def _repo_cwd(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("adv", "critic"),
-    [("gae", "model"), ("bilevel_gae", "model"), ("grpo", "model"), ("turn_gae", "state"), ("gae", "state")],
+    ("adv", "critic", "kl_tokens"),
+    [
+        ("gae", "model", "loss"),
+        ("bilevel_gae", "model", "loss"),
+        ("grpo", "model", "loss"),
+        ("turn_gae", "state", "loss"),
+        ("gae", "state", "non_action"),  # issue 37's PPO: the anchor on every reply token but the action's
+    ],
 )
-def test_two_step_run(tmp_path, adv, critic):
-    extra = {"algo.adv": adv, "algo.critic": critic}
+def test_two_step_run(tmp_path, adv, critic, kl_tokens):
+    extra = {"algo.adv": adv, "algo.critic": critic, "algo.kl_tokens": kl_tokens}
     full_check = critic == "model" and adv == "gae"  # also exercise the GIF/HTML writer and checkpoint format
     if full_check:
         extra |= {"trainer.viz_every": 2, "trainer.viz_episodes": 2}

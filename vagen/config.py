@@ -39,7 +39,7 @@ SPAN_NAMES = ("think", "observation", "reasoning", "prediction", "answer", "acti
 ENGINES = ("hf", "vllm")
 SCHEDULES = ("constant", "linear", "cosine")
 DTYPES = ("float32", "bfloat16")
-KL_TOKENS = ("loss", "rest")
+KL_TOKENS = ("loss", "rest", "non_action")
 ATTENTION = ("sdpa", "eager", "flash_attention_2")
 ALARM_POLICIES = ("warn", "stop", "rollback")
 
@@ -294,8 +294,8 @@ class AlgoConfig:
     kl_coef: float = option(0.001, "weight of KL(actor || reference); 0 = no reference", ge=0)
     kl_kind: str = option("k3", "KL estimator", choices=KL_ESTIMATORS)
     kl_in_reward: bool = option(False, "KL as a per-token reward penalty (True) or as an actor loss term")
-    kl_tokens: str = option("loss", "ppo: tokens the KL anchor and entropy act on; loss (with policy "
-        "loss) | rest (sampled, without it: TRICO's selective masks)", choices=KL_TOKENS)  # fmt: skip
+    kl_tokens: str = option("loss", "ppo: the KL anchor's and entropy's tokens: loss (with policy loss) | "
+        "rest (sampled, without it) | non_action (sampled, but the action's)", choices=KL_TOKENS)  # fmt: skip
     vf_clip: float = option(0.5, "value clip around the rollout-time values", gt=0)
     critic: str = option(
         "model",

@@ -71,9 +71,13 @@ def advantages(batch: RolloutBatch, scores: Scores, cfg: RunConfig) -> tuple[Ten
 
 
 def kl_token_mask(part: RolloutBatch, loss_mask: Tensor, kl_tokens: str) -> Tensor:
-    """(b, l) the tokens the KL anchor holds: the loss-masked ones (`loss`), or the sampled tokens the
-    policy loss leaves alone (`rest`: M^sampled & ~M^loss, TRICO's selective masks)."""
-    return loss_mask if kl_tokens == "loss" else (part.token_turn >= 0) & ~loss_mask
+    """(b, l) the tokens the KL anchor holds: the loss-masked ones (`loss`), the sampled tokens the
+    policy loss leaves alone (`rest`: M^sampled & ~M^loss, TRICO's selective masks), or the sampled tokens
+    but each turn's action token (`non_action`: M^sampled & ~M^action, mpo's anchor, whatever the loss)."""
+    if kl_tokens == "loss":
+        return loss_mask
+    sampled = part.token_turn >= 0
+    return sampled & ~(loss_mask if kl_tokens == "rest" else part.action_token)
 
 
 def aggregation(cfg: RunConfig) -> str:
@@ -103,7 +107,7 @@ class PPOUpdate:
             f"a per-token KL reward needs a critic-based estimator, not '{algo.adv}' (use the KL loss term)",
         )
         require(
-            algo.kl_tokens == "loss" or cfg.rollout.loss_spans != "all",
+            algo.kl_tokens != "rest" or cfg.rollout.loss_spans != "all",
             "algo.kl_tokens",
             "rest anchors the sampled tokens without policy loss, and with rollout.loss_spans=all there are "
             "none: select the loss spans (e.g. rollout.loss_spans=[answer])",

@@ -161,11 +161,13 @@ def test_choices_are_the_registries_keys():
     from vagen.pretrain.teachers import TEACHERS
     from vagen.rollout.engines import ENGINES
     from vagen.updates import POLICY_UPDATES
+    from vagen.updates.ppo import KL_TOKEN_MASKS
 
     assert config.ADVANTAGE_ESTIMATORS == tuple(ADVANTAGE_ESTIMATORS)
     assert config.POLICY_UPDATES == tuple(POLICY_UPDATES)
     assert config.LOSS_AGGREGATIONS == tuple(LOSS_AGGREGATIONS)
     assert config.KL_ESTIMATORS == tuple(KL_ESTIMATORS)
+    assert config.KL_TOKENS == tuple(KL_TOKEN_MASKS)
     assert config.GROUP_FILTERS == tuple(GROUP_FILTERS)
     assert config.CRITICS == tuple(CRITIC_BUILDERS)
     assert config.STATE_CRITIC_INPUTS == tuple(STATE_CRITICS)

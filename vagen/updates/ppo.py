@@ -9,6 +9,7 @@ discount). A state critic regresses onto the estimator's returns at the turn end
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,14 +71,19 @@ def advantages(batch: RolloutBatch, scores: Scores, cfg: RunConfig) -> tuple[Ten
     return adv, returns
 
 
+# `algo.kl_tokens` -> the (b, l) tokens the KL anchor and the entropy bonus act on, from (part, loss mask)
+KL_TOKEN_MASKS: dict[str, Callable[[RolloutBatch, Tensor], Tensor]] = {
+    "loss": lambda part, loss_mask: loss_mask,
+    "rest": lambda part, loss_mask: (part.token_turn >= 0) & ~loss_mask,
+    "non_action": lambda part, loss_mask: (part.token_turn >= 0) & ~part.action_token,
+}
+
+
 def kl_token_mask(part: RolloutBatch, loss_mask: Tensor, kl_tokens: str) -> Tensor:
     """(b, l) the tokens the KL anchor holds: the loss-masked ones (`loss`), the sampled tokens the
     policy loss leaves alone (`rest`: M^sampled & ~M^loss, TRICO's selective masks), or the sampled tokens
     but each turn's action token (`non_action`: M^sampled & ~M^action, mpo's anchor, whatever the loss)."""
-    if kl_tokens == "loss":
-        return loss_mask
-    sampled = part.token_turn >= 0
-    return sampled & ~(loss_mask if kl_tokens == "rest" else part.action_token)
+    return KL_TOKEN_MASKS[kl_tokens](part, loss_mask)
 
 
 def aggregation(cfg: RunConfig) -> str:

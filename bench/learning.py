@@ -12,11 +12,14 @@ writes under bench/results/:
 - learning.md: task, algorithm, seed, success before and after RL (95% CI), steps, wall minutes, the
   format- and solver-warm-start success and, where the env has one, the value-iteration optimum (all
   three read from the warm starts' reports, measured on the same number of validation levels);
-- learning_<task>.png: success vs wall minutes and vs steps, one line per algorithm/seed.
+- learning_<task>.png: success vs wall minutes and vs steps, one line per algorithm/seed;
+- curves.json: every validation curve of the summary, so that a later summary can add runs to it
+  after the run folders are gone.
 
     .venv/bin/python bench/learning.py --dry-run                      # print the commands only
     .venv/bin/python bench/learning.py --tasks sokoban --algos gae grpo bilevel_gae gigpo --seeds 0
     .venv/bin/python bench/learning.py --summarize-only runs/bench_learning   # table + plots again
+    .venv/bin/python bench/learning.py --summarize-only bench/results/curves.json runs/new   # add runs
 
 Tasks are recipe names (configs/<task>_tiny.yaml) or YAML paths; algorithms are advantage estimators
 with an optional "+starpo_s" (StarPO-S: keep the groups with the largest in-group return std).
@@ -60,6 +63,7 @@ ALGORITHMS = ("gae", "grpo", "bilevel_gae", "bilevel_gae+starpo_s", "gigpo", "mp
 STARPO_S = ["algo.filter.rule=top_std_fraction", "algo.filter.keep=0.5"]  # keep 4 of the recipes' 8 groups
 REFERENCE_WARM_STARTS = ("format", "solver")  # warm_start.teacher names
 BENCH_FILE = "bench.json"
+CURVES_FILE = "curves.json"  # every curve of a summary, so a later summary can add runs to it
 GRACE_SECONDS = 120.0
 POLL_SECONDS = 5.0
 
@@ -328,6 +332,19 @@ def read_curve(run_dir: Path) -> Curve | None:
     return curve
 
 
+def read_curves(sources: list[str]) -> list[Curve]:
+    """Curves from run folders (at or below each folder) and from earlier summaries' curves.json; a
+    later source replaces an earlier curve of the same task, algorithm and seed."""
+    curves: dict[tuple[str, str, int], Curve] = {}
+    for source in map(Path, sources):
+        if source.is_file():
+            found = [Curve(**fields) for fields in json.loads(source.read_text())]
+        else:
+            found = [c for c in map(read_curve, find_run_dirs([str(source)])) if c is not None]
+        curves |= {(c.task, c.algo, c.seed): c for c in found}
+    return list(curves.values())
+
+
 def find_run_dirs(folders: list[str]) -> list[Path]:
     """Every folder holding a metrics.jsonl, at or below the given folders."""
     found = set()
@@ -432,17 +449,18 @@ def plot_task(task: str, curves: list[Curve], out: Path) -> None:
     plt.close(fig)
 
 
-def summarize(run_dirs: list[Path], results: Path) -> None:
-    curves = [c for c in (read_curve(d) for d in run_dirs) if c is not None]
+def summarize(curves: list[Curve], results: Path) -> None:
     if not curves:
-        raise SystemExit("no run folder with a metrics.jsonl found")
+        raise SystemExit(f"no curves: no run folder with a metrics.jsonl and no {CURVES_FILE} given")
     results.mkdir(parents=True, exist_ok=True)
+    (results / CURVES_FILE).write_text(json.dumps([asdict(c) for c in curves], indent=1) + "\n")
     table = markdown_table(curves) + "\n" + mean_table(curves)
     (results / "learning.md").write_text(
         "# Learning benchmark (bench/learning.py)\n\nValidation success on held-out levels; after = the "
         "last validation (@ its step); threads = torch threads per rank ('-': not logged, runs before "
         "2026-12-04). References: the warm starts' own evaluation (vagen.pretrain.sft) and the "
-        "value-iteration optimum where the env has one.\n\n" + table
+        "value-iteration optimum where the env has one. The curves are in curves.json beside this file; "
+        "`--summarize-only curves.json NEW_RUN_FOLDERS` adds runs to them.\n\n" + table
     )
     print(table)
     for task in sorted({c.task for c in curves}):
@@ -476,7 +494,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--no-solver", action="store_true", help="skip the solver warm-start reference")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    parser.add_argument("--summarize-only", nargs="+", metavar="DIR", help="table + plots from run folders")
+    parser.add_argument(
+        "--summarize-only",
+        nargs="+",
+        metavar="SOURCE",
+        help=f"table + plots from run folders and earlier summaries' {CURVES_FILE} (later ones win)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra dotted overrides for every run (after --)")
     return parser.parse_args(argv)
 
@@ -484,7 +507,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.summarize_only:
-        summarize(find_run_dirs(args.summarize_only), Path(args.results))
+        summarize(read_curves(args.summarize_only), Path(args.results))
         return
     for algo in args.algos:
         algorithm_overrides(algo)  # unknown modifiers stop here, before any run
@@ -501,7 +524,7 @@ def main() -> None:
         print(f"note: OMP_NUM_THREADS={threads}: each timed run uses {threads} of {os.cpu_count()} CPUs")
     execute(runs, with_solver=not args.no_solver, dry_run=args.dry_run)
     if not args.dry_run:
-        summarize([REPO / run.run_dir for run in runs], Path(args.results))
+        summarize(read_curves([str(REPO / run.run_dir) for run in runs]), Path(args.results))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def test_summary_table_and_plots_from_run_folders(tmp_path):
     fake_run(tmp_path / "runs", "a", "grpo", 0, [0.0, 0.2, 0.4], warm)
     fake_run(tmp_path / "runs", "b", "grpo", 1, [0.0, 0.3, 0.6], warm, threads=2)
     fake_run(tmp_path / "runs", "c", "gae", 0, [0.0, 0.1], warm)
-    learning.summarize(learning.find_run_dirs([str(tmp_path / "runs")]), tmp_path / "results")
+    learning.summarize(learning.read_curves([str(tmp_path / "runs")]), tmp_path / "results")
 
     table = (tmp_path / "results" / "learning.md").read_text()
     assert "| frozenlake | grpo | 1 | 0.000 [-0.05, 0.05] | 0.600 [0.55, 0.65] @ 20 | 20 | 2.0 | 2 |" in table
@@ -47,6 +48,25 @@ def test_summary_table_and_plots_from_run_folders(tmp_path):
     assert "| 0.020 [0.01, 0.04] | - | 0.700 |" in table  # format warm start, no solver, the VI optimum
     assert "| frozenlake | grpo | 2 | 0.500 | 0.400 .. 0.600 |" in table  # mean over seeds
     assert (tmp_path / "results" / "learning_frozenlake.png").stat().st_size > 10_000
+
+
+def test_a_later_summary_adds_runs_to_an_earlier_ones_curves(tmp_path):
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    fake_run(tmp_path / "old", "a", "grpo", 0, [0.0, 0.2, 0.4], warm)
+    fake_run(tmp_path / "old", "b", "gae", 0, [0.0, 0.1], warm)
+    learning.summarize(learning.read_curves([str(tmp_path / "old")]), tmp_path / "results")
+    curves_file = tmp_path / "results" / learning.CURVES_FILE
+    fake_run(tmp_path / "new", "c", "gae", 0, [0.0, 0.3, 0.7], warm)  # gae seed 0 again: replaces the old
+    fake_run(tmp_path / "new", "d", "gigpo", 0, [0.0, 0.5], warm)
+    shutil.rmtree(tmp_path / "old")  # the run folders are gone; curves.json keeps their curves
+    learning.summarize(learning.read_curves([str(curves_file), str(tmp_path / "new")]), tmp_path / "results")
+
+    table = (tmp_path / "results" / "learning.md").read_text()
+    assert "| frozenlake | grpo | 0 | 0.000 [-0.05, 0.05] | 0.400 [0.35, 0.45] @ 20 | 20 | 2.0 | - |" in table
+    assert "| frozenlake | gae | 0 | 0.000 [-0.05, 0.05] | 0.700 [0.65, 0.75] @ 20 | 20 | 2.0 | - |" in table
+    assert "| frozenlake | gigpo | 0 |" in table and "0.100 [0.05, 0.15]" not in table
+    assert {c["algo"] for c in json.loads(curves_file.read_text())} == {"grpo", "gae", "gigpo"}
 
 
 def test_algorithm_names_and_modifiers():

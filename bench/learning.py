@@ -338,7 +338,10 @@ def read_curves(sources: list[str]) -> list[Curve]:
     curves: dict[tuple[str, str, int], Curve] = {}
     for source in map(Path, sources):
         if source.is_file():
-            found = [Curve(**fields) for fields in json.loads(source.read_text())]
+            try:
+                found = [Curve(**fields) for fields in json.loads(source.read_text())]
+            except (ValueError, TypeError) as err:  # not JSON, or not a list of Curve fields
+                raise SystemExit(f"{source}: not a {CURVES_FILE} of bench/learning.py ({err})") from None
         else:
             found = [c for c in map(read_curve, find_run_dirs([str(source)])) if c is not None]
         curves |= {(c.task, c.algo, c.seed): c for c in found}

@@ -67,6 +67,9 @@ def test_a_later_summary_adds_runs_to_an_earlier_ones_curves(tmp_path):
     assert "| frozenlake | gae | 0 | 0.000 [-0.05, 0.05] | 0.700 [0.65, 0.75] @ 20 | 20 | 2.0 | - |" in table
     assert "| frozenlake | gigpo | 0 |" in table and "0.100 [0.05, 0.15]" not in table
     assert {c["algo"] for c in json.loads(curves_file.read_text())} == {"grpo", "gae", "gigpo"}
+    (tmp_path / "notes.json").write_text('{"task": "frozenlake"}')
+    with pytest.raises(SystemExit, match="notes.json: not a curves.json"):
+        learning.read_curves([str(tmp_path / "notes.json")])
 
 
 def test_algorithm_names_and_modifiers():

@@ -15,6 +15,7 @@ writes under bench/results/:
 - learning_<task>.png: success vs wall minutes and vs steps, one line per algorithm/seed;
 - curves.json: every validation curve of the summary, so that a later summary can add runs to it
   after the run folders are gone.
+A hand-kept runs.md beside them (the commands, commits and notes of the runs) is never rewritten.
 
     .venv/bin/python bench/learning.py --dry-run                      # print the commands only
     .venv/bin/python bench/learning.py --tasks sokoban --algos gae grpo bilevel_gae gigpo --seeds 0
@@ -463,7 +464,8 @@ def summarize(curves: list[Curve], results: Path) -> None:
         "last validation (@ its step); threads = torch threads per rank ('-': not logged, runs before "
         "2026-12-04). References: the warm starts' own evaluation (vagen.pretrain.sft) and the "
         "value-iteration optimum where the env has one. The curves are in curves.json beside this file; "
-        "`--summarize-only curves.json NEW_RUN_FOLDERS` adds runs to them.\n\n" + table
+        "`--summarize-only curves.json NEW_RUN_FOLDERS` adds runs to them; runs.md, where present, is the "
+        "hand-kept account of how the runs were made.\n\n" + table
     )
     print(table)
     for task in sorted({c.task for c in curves}):

@@ -60,6 +60,7 @@ def test_a_later_summary_adds_runs_to_an_earlier_ones_curves(tmp_path):
     fake_run(tmp_path / "new", "c", "gae", 0, [0.0, 0.3, 0.7], warm)  # gae seed 0 again: replaces the old
     fake_run(tmp_path / "new", "d", "gigpo", 0, [0.0, 0.5], warm)
     shutil.rmtree(tmp_path / "old")  # the run folders are gone; curves.json keeps their curves
+    (tmp_path / "results" / "runs.md").write_text("how the runs were made\n")  # hand-kept, never rewritten
     learning.summarize(learning.read_curves([str(curves_file), str(tmp_path / "new")]), tmp_path / "results")
 
     table = (tmp_path / "results" / "learning.md").read_text()
@@ -67,6 +68,7 @@ def test_a_later_summary_adds_runs_to_an_earlier_ones_curves(tmp_path):
     assert "| frozenlake | gae | 0 | 0.000 [-0.05, 0.05] | 0.700 [0.65, 0.75] @ 20 | 20 | 2.0 | - |" in table
     assert "| frozenlake | gigpo | 0 |" in table and "0.100 [0.05, 0.15]" not in table
     assert {c["algo"] for c in json.loads(curves_file.read_text())} == {"grpo", "gae", "gigpo"}
+    assert (tmp_path / "results" / "runs.md").read_text() == "how the runs were made\n"
     (tmp_path / "notes.json").write_text('{"task": "frozenlake"}')
     with pytest.raises(SystemExit, match="notes.json: not a curves.json"):
         learning.read_curves([str(tmp_path / "notes.json")])

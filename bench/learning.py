@@ -333,28 +333,25 @@ def read_curve(run_dir: Path) -> Curve | None:
     return curve
 
 
-def read_curves(sources: list[str]) -> list[Curve]:
+def read_curves(sources: list[Path]) -> list[Curve]:
     """Curves from run folders (at or below each folder) and from earlier summaries' curves.json; a
     later source replaces an earlier curve of the same task, algorithm and seed."""
     curves: dict[tuple[str, str, int], Curve] = {}
-    for source in map(Path, sources):
+    for source in sources:
         if source.is_file():
             try:
                 found = [Curve(**fields) for fields in json.loads(source.read_text())]
             except (ValueError, TypeError) as err:  # not JSON, or not a list of Curve fields
                 raise SystemExit(f"{source}: not a {CURVES_FILE} of bench/learning.py ({err})") from None
         else:
-            found = [c for c in map(read_curve, find_run_dirs([str(source)])) if c is not None]
+            found = [c for c in map(read_curve, find_run_dirs(source)) if c is not None]
         curves |= {(c.task, c.algo, c.seed): c for c in found}
     return list(curves.values())
 
 
-def find_run_dirs(folders: list[str]) -> list[Path]:
-    """Every folder holding a metrics.jsonl, at or below the given folders."""
-    found = set()
-    for folder in folders:
-        found |= {p.parent for p in Path(folder).rglob("metrics.jsonl")}
-    return sorted(found)
+def find_run_dirs(folder: Path) -> list[Path]:
+    """Every folder holding a metrics.jsonl, at or below `folder`."""
+    return sorted({p.parent for p in folder.rglob("metrics.jsonl")})
 
 
 def rate(value: float, low: float = math.nan, high: float = math.nan) -> str:
@@ -502,6 +499,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--summarize-only",
         nargs="+",
+        type=Path,
         metavar="SOURCE",
         help=f"table + plots from run folders and earlier summaries' {CURVES_FILE} (later ones win)",
     )
@@ -529,7 +527,7 @@ def main() -> None:
         print(f"note: OMP_NUM_THREADS={threads}: each timed run uses {threads} of {os.cpu_count()} CPUs")
     execute(runs, with_solver=not args.no_solver, dry_run=args.dry_run)
     if not args.dry_run:
-        summarize(read_curves([str(REPO / run.run_dir) for run in runs]), Path(args.results))
+        summarize(read_curves([REPO / run.run_dir for run in runs]), Path(args.results))
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def test_summary_table_and_plots_from_run_folders(tmp_path):
     fake_run(tmp_path / "runs", "a", "grpo", 0, [0.0, 0.2, 0.4], warm)
     fake_run(tmp_path / "runs", "b", "grpo", 1, [0.0, 0.3, 0.6], warm, threads=2)
     fake_run(tmp_path / "runs", "c", "gae", 0, [0.0, 0.1], warm)
-    learning.summarize(learning.read_curves([str(tmp_path / "runs")]), tmp_path / "results")
+    learning.summarize(learning.read_curves([tmp_path / "runs"]), tmp_path / "results")
 
     table = (tmp_path / "results" / "learning.md").read_text()
     assert "| frozenlake | grpo | 1 | 0.000 [-0.05, 0.05] | 0.600 [0.55, 0.65] @ 20 | 20 | 2.0 | 2 |" in table
@@ -55,13 +55,13 @@ def test_a_later_summary_adds_runs_to_an_earlier_ones_curves(tmp_path):
     warm.mkdir()
     fake_run(tmp_path / "old", "a", "grpo", 0, [0.0, 0.2, 0.4], warm)
     fake_run(tmp_path / "old", "b", "gae", 0, [0.0, 0.1], warm)
-    learning.summarize(learning.read_curves([str(tmp_path / "old")]), tmp_path / "results")
+    learning.summarize(learning.read_curves([tmp_path / "old"]), tmp_path / "results")
     curves_file = tmp_path / "results" / learning.CURVES_FILE
     fake_run(tmp_path / "new", "c", "gae", 0, [0.0, 0.3, 0.7], warm)  # gae seed 0 again: replaces the old
     fake_run(tmp_path / "new", "d", "gigpo", 0, [0.0, 0.5], warm)
     shutil.rmtree(tmp_path / "old")  # the run folders are gone; curves.json keeps their curves
     (tmp_path / "results" / "runs.md").write_text("how the runs were made\n")  # hand-kept, never rewritten
-    learning.summarize(learning.read_curves([str(curves_file), str(tmp_path / "new")]), tmp_path / "results")
+    learning.summarize(learning.read_curves([curves_file, tmp_path / "new"]), tmp_path / "results")
 
     table = (tmp_path / "results" / "learning.md").read_text()
     assert "| frozenlake | grpo | 0 | 0.000 [-0.05, 0.05] | 0.400 [0.35, 0.45] @ 20 | 20 | 2.0 | - |" in table
@@ -71,7 +71,7 @@ def test_a_later_summary_adds_runs_to_an_earlier_ones_curves(tmp_path):
     assert (tmp_path / "results" / "runs.md").read_text() == "how the runs were made\n"
     (tmp_path / "notes.json").write_text('{"task": "frozenlake"}')
     with pytest.raises(SystemExit, match="notes.json: not a curves.json"):
-        learning.read_curves([str(tmp_path / "notes.json")])
+        learning.read_curves([tmp_path / "notes.json"])
 
 
 def test_algorithm_names_and_modifiers():

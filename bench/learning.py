@@ -38,6 +38,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -340,13 +341,39 @@ def read_curves(sources: list[Path]) -> list[Curve]:
     for source in sources:
         if source.is_file():
             try:
-                found = [Curve(**fields) for fields in json.loads(source.read_text())]
-            except (ValueError, TypeError) as err:  # not JSON, or not a list of Curve fields
+                found = [curve_from_json(fields) for fields in json.loads(source.read_text())]
+            except (ValueError, TypeError, KeyError) as err:  # not JSON, or not a list of Curve fields
                 raise SystemExit(f"{source}: not a {CURVES_FILE} of bench/learning.py ({err})") from None
         else:
             found = [c for c in map(read_curve, find_run_dirs(source)) if c is not None]
         curves |= {(c.task, c.algo, c.seed): c for c in found}
     return list(curves.values())
+
+
+def nan_as_null(value: Any) -> Any:
+    """`value` with every NaN (a validation that logged no interval) as None, so that curves.json is
+    strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, list | tuple):
+        return [nan_as_null(v) for v in value]
+    if isinstance(value, dict):
+        return {k: nan_as_null(v) for k, v in value.items()}
+    return value
+
+
+def curve_from_json(fields: dict) -> Curve:
+    """A Curve from its curves.json entry: the nulls of nan_as_null back to NaN (`threads` may be null)."""
+
+    def null_as_nan(value: Any) -> Any:
+        if isinstance(value, list):
+            return [null_as_nan(v) for v in value]
+        return math.nan if value is None else value
+
+    for key in ("ci_low", "ci_high"):
+        fields[key] = null_as_nan(fields[key])
+    fields["references"] = {k: null_as_nan(v) for k, v in fields["references"].items()}
+    return Curve(**fields)
 
 
 def find_run_dirs(folder: Path) -> list[Path]:
@@ -454,7 +481,8 @@ def summarize(curves: list[Curve], results: Path) -> None:
     if not curves:
         raise SystemExit(f"no curves: no run folder with a metrics.jsonl and no {CURVES_FILE} given")
     results.mkdir(parents=True, exist_ok=True)
-    (results / CURVES_FILE).write_text(json.dumps([asdict(c) for c in curves], indent=1) + "\n")
+    curves_json = [nan_as_null(asdict(c)) for c in curves]
+    (results / CURVES_FILE).write_text(json.dumps(curves_json, indent=1, allow_nan=False) + "\n")
     table = markdown_table(curves) + "\n" + mean_table(curves)
     (results / "learning.md").write_text(
         "# Learning benchmark (bench/learning.py)\n\nValidation success on held-out levels; after = the "

@@ -74,6 +74,26 @@ def test_a_later_summary_adds_runs_to_an_earlier_ones_curves(tmp_path):
         learning.read_curves([tmp_path / "notes.json"])
 
 
+def test_curves_json_is_strict_json_and_reads_back_a_missing_interval(tmp_path):
+    warm = tmp_path / "warm"
+    warm.mkdir()
+    (warm / learning.REPORT_FILE).write_text(json.dumps({"after": {"success": 0.02}}))  # no interval
+    fake_run(tmp_path / "runs", "a", "grpo", 0, [0.0, 0.4], warm)
+    metrics = tmp_path / "runs" / "a" / "metrics.jsonl"
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    del lines[1]["val/success_ci_low"], lines[1]["val/success_ci_high"]  # a validation with no interval
+    metrics.write_text("".join(json.dumps(m) + "\n" for m in lines))
+    learning.summarize(learning.read_curves([tmp_path / "runs"]), tmp_path / "results")
+    curves_file = tmp_path / "results" / learning.CURVES_FILE
+    strict = json.loads(curves_file.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
+    assert strict[0]["ci_low"] == [-0.05, None] and strict[0]["references"]["format"] == [0.02, None, None]
+    assert strict[0]["threads"] is None
+    first = (tmp_path / "results" / "learning.md").read_text()
+    learning.summarize(learning.read_curves([curves_file]), tmp_path / "again")
+    assert (tmp_path / "again" / "learning.md").read_text() == first
+    assert "| frozenlake | grpo | 0 | 0.000 [-0.05, 0.05] | 0.400 @ 10 |" in first
+
+
 def test_algorithm_names_and_modifiers():
     assert learning.algorithm_overrides("grpo") == [
         "algo.policy_loss=ppo",

@@ -29,7 +29,6 @@ with an optional "+starpo_s" (StarPO-S: keep the groups with the largest in-grou
 
 import argparse
 import json
-import math
 import os
 import shlex
 import signal
@@ -38,12 +37,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -266,6 +265,10 @@ def execute(runs: list[Run], with_solver: bool, dry_run: bool) -> None:
 # reading and summarising run folders
 
 
+# a success rate and its 95% interval (None where none was logged)
+RateWithCI = tuple[float, float | None, float | None]
+
+
 @dataclass
 class Curve:
     """The validations of one run, and its references."""
@@ -276,10 +279,10 @@ class Curve:
     steps: list[int]  # step of each validation (0 = before RL)
     minutes: list[float]  # RL wall minutes at each validation (sum of time/step_s)
     success: list[float]
-    ci_low: list[float]
-    ci_high: list[float]
+    ci_low: list[float | None]  # None: the validation logged no interval (JSON null in curves.json)
+    ci_high: list[float | None]
     last_step: int
-    references: dict[str, tuple[float, float, float] | float]  # format/solver: (rate, low, high); optimal
+    references: dict[str, RateWithCI | float]  # format/solver: (rate, low, high); optimal: rate
     minutes_total: float = 0.0  # RL wall minutes of the whole run
     threads: int | None = None  # torch threads per rank (logged at step 0 since 2026-12-04)
 
@@ -293,7 +296,7 @@ def read_references(warm_starts: dict[str, str]) -> dict:
         report = json.loads(report_file.read_text())
         after = report.get("after") or {}
         if "success" in after:
-            references[kind] = (after["success"], *after.get("success_ci", [math.nan, math.nan]))
+            references[kind] = (after["success"], *after.get("success_ci", [None, None]))
         optimal = (report.get("teacher_success") or {}).get("optimal")
         if optimal is not None:
             references["optimal"] = optimal
@@ -328,8 +331,8 @@ def read_curve(run_dir: Path) -> Curve | None:
             curve.steps.append(int(line["step"]))
             curve.minutes.append(elapsed / 60)
             curve.success.append(line["val/success_rate"])
-            curve.ci_low.append(line.get("val/success_ci_low", math.nan))
-            curve.ci_high.append(line.get("val/success_ci_high", math.nan))
+            curve.ci_low.append(line.get("val/success_ci_low"))
+            curve.ci_high.append(line.get("val/success_ci_high"))
     curve.minutes_total = elapsed / 60
     return curve
 
@@ -341,8 +344,8 @@ def read_curves(sources: list[Path]) -> list[Curve]:
     for source in sources:
         if source.is_file():
             try:
-                found = [curve_from_json(fields) for fields in json.loads(source.read_text())]
-            except (ValueError, TypeError, KeyError) as err:  # not JSON, or not a list of Curve fields
+                found = [Curve(**fields) for fields in json.loads(source.read_text())]
+            except (ValueError, TypeError) as err:  # not JSON, or not a list of Curve fields
                 raise SystemExit(f"{source}: not a {CURVES_FILE} of bench/learning.py ({err})") from None
         else:
             found = [c for c in map(read_curve, find_run_dirs(source)) if c is not None]
@@ -350,39 +353,13 @@ def read_curves(sources: list[Path]) -> list[Curve]:
     return list(curves.values())
 
 
-def nan_as_null(value: Any) -> Any:
-    """`value` with every NaN (a validation that logged no interval) as None, so that curves.json is
-    strict JSON."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, list | tuple):
-        return [nan_as_null(v) for v in value]
-    if isinstance(value, dict):
-        return {k: nan_as_null(v) for k, v in value.items()}
-    return value
-
-
-def curve_from_json(fields: dict) -> Curve:
-    """A Curve from its curves.json entry: the nulls of nan_as_null back to NaN (`threads` may be null)."""
-
-    def null_as_nan(value: Any) -> Any:
-        if isinstance(value, list):
-            return [null_as_nan(v) for v in value]
-        return math.nan if value is None else value
-
-    for key in ("ci_low", "ci_high"):
-        fields[key] = null_as_nan(fields[key])
-    fields["references"] = {k: null_as_nan(v) for k, v in fields["references"].items()}
-    return Curve(**fields)
-
-
 def find_run_dirs(folder: Path) -> list[Path]:
     """Every folder holding a metrics.jsonl, at or below `folder`."""
     return sorted({p.parent for p in folder.rglob("metrics.jsonl")})
 
 
-def rate(value: float, low: float = math.nan, high: float = math.nan) -> str:
-    if math.isnan(low):
+def rate(value: float, low: float | None = None, high: float | None = None) -> str:
+    if low is None:
         return f"{value:.3f}"
     return f"{value:.3f} [{low:.2f}, {high:.2f}]"
 
@@ -449,7 +426,8 @@ def plot_task(task: str, curves: list[Curve], out: Path) -> None:
         marker = markers[seeds.index(c.seed) % len(markers)]
         for ax, x in zip(axes, (c.minutes, c.steps), strict=True):
             ax.plot(x, c.success, marker=marker, markersize=4, color=color, label=f"{c.algo} s{c.seed}")
-            ax.fill_between(x, c.ci_low, c.ci_high, color=color, alpha=0.12)
+            low, high = (np.array(ci, dtype=float) for ci in (c.ci_low, c.ci_high))  # None -> NaN: no band
+            ax.fill_between(x, low, high, color=color, alpha=0.12)
     references = curves[0].references
     styles = {
         "format": ("format warm start", ":"),
@@ -481,8 +459,8 @@ def summarize(curves: list[Curve], results: Path) -> None:
     if not curves:
         raise SystemExit(f"no curves: no run folder with a metrics.jsonl and no {CURVES_FILE} given")
     results.mkdir(parents=True, exist_ok=True)
-    curves_json = [nan_as_null(asdict(c)) for c in curves]
-    (results / CURVES_FILE).write_text(json.dumps(curves_json, indent=1, allow_nan=False) + "\n")
+    curves_json = json.dumps([asdict(c) for c in curves], indent=1, allow_nan=False)
+    (results / CURVES_FILE).write_text(curves_json + "\n")
     table = markdown_table(curves) + "\n" + mean_table(curves)
     (results / "learning.md").write_text(
         "# Learning benchmark (bench/learning.py)\n\nValidation success on held-out levels; after = the "

@@ -133,24 +133,6 @@ def test_state_features_and_facts_name_the_true_state():
     assert ("lava", "right") in env.describe_state()
 
 
-def test_egocentric_features_turn_the_level_so_that_the_agent_faces_up():
-    env = make(state_view="egocentric")
-    env.reset(seed=3)  # the level of the test above: lava at column 3, rows 2-4; the agent at (1, 1)
-    env.step(FORWARD)
-    env.step(RIGHT)
-    env.step(FORWARD)  # at column 2, row 2, facing down: the lava cell (3, 2) is on the agent's left
-    window = env.state_features()[:-3].reshape(11, 11, 10)  # 2 * 6 - 1 cells a side; 9 kinds + off the level
-    centre = 5
-    assert window[centre, centre - 1, 1] == 1.0 and window[centre, centre + 1, 1] == 0.0
-    assert window[..., 1].sum() == 3.0 and window[..., 2].sum() == 1.0  # all the lava, the goal
-    assert window[..., 9].sum() == 11 * 11 - 6 * 6  # off the level: the window's cells outside the level
-    env.step(LEFT)  # facing right: the same lava cell is now the one ahead
-    window = env.state_features()[:-3].reshape(11, 11, 10)
-    assert window[centre - 1, centre, 1] == 1.0 and window[centre, centre - 1, 1] == 0.0
-    with pytest.raises(ValueError, match="state_view must be one of"):
-        make(state_view="top-down")
-
-
 def test_a_reply_parses_and_steps_in_the_language_layer():
     lang = LanguageEnv(
         gymnasium.make("envs_visual/MiniGrid-v0"), prompt_format="grounding", max_actions_per_turn=2

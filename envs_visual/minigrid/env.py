@@ -46,8 +46,6 @@ ACTION_RULES = (
 # state_features(): one plane per kind of cell, then the agent's cell per direction, then what it carries.
 FEATURE_CELLS = ("wall", "lava", "goal", "key", "ball", "box", "door open", "door closed", "door locked")
 CARRIED_OBJECTS = ("key", "ball", "box")
-# state_features(): the level row-major with the agent's cell, or the level seen from the agent
-STATE_VIEWS = ("layout", "egocentric")
 
 
 @dataclass(frozen=True)
@@ -101,7 +99,6 @@ class MiniGridEnv(gymnasium.Env):
     info: success (the agent stands on the goal), action_is_effective (the agent or the grid changed).
     Levels: `reset(seed)` passes the seed to MiniGrid's generator, so the seed alone fixes the level;
     `start="random"` also draws the start (cell and direction) from it, the layout key still the task's.
-    `state_view` picks the privileged critic's `state_features()`: "layout" or "egocentric".
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -117,14 +114,11 @@ class MiniGridEnv(gymnasium.Env):
         cell_size: int = 28,
         render_mode: str | None = "rgb_array",
         start: str = "task",
-        state_view: str = "layout",
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
         if start not in ("task", "random"):
             raise ValueError(f"start must be 'task' or 'random', got {start!r}")
-        if state_view not in STATE_VIEWS:
-            raise ValueError(f"state_view must be one of {STATE_VIEWS}, got {state_view!r}")
         spec = TASKS[task]
         self.task = task
         self.game = gymnasium.make(task, **({} if max_steps is None else {"max_steps": max_steps})).unwrapped
@@ -133,7 +127,6 @@ class MiniGridEnv(gymnasium.Env):
         self.cell_size = cell_size
         self.render_mode = render_mode
         self.start = start
-        self.state_view = state_view
         self.action_names = spec.action_names
         self.instruction = spec.instruction
         self.example_facts = spec.example_facts
@@ -207,16 +200,9 @@ class MiniGridEnv(gymnasium.Env):
         return "\n".join("".join(row) for row in rows)
 
     def state_features(self) -> np.ndarray:
-        """The true state as one-hots for a privileged critic (the policy never sees it), by `state_view`,
-        then what the agent carries (CARRIED_OBJECTS); float32.
-        "layout": per cell, row-major, the FEATURE_CELLS planes, then the agent's cell once per direction
-        it may face: (H W (len(FEATURE_CELLS) + 4) + len(CARRIED_OBJECTS),).
-        "egocentric": the level seen from the agent, a (2n - 1) x (2n - 1) window (n the level's larger
-        side) centred on the agent's cell and turned so that it faces up (the cell ahead is the one above
-        the centre), the FEATURE_CELLS planes then one for off the level per window cell:
-        ((2n - 1)^2 (len(FEATURE_CELLS) + 1) + len(CARRIED_OBJECTS),). MiniGrid's actions turn and step
-        relative to the agent, so lava ahead has the same inputs in every cell, facing any way, and a
-        critic's lessons carry over between layouts (FrozenLake's egocentric view, probe round 18)."""
+        """The true state as one-hots for a privileged critic (the policy never sees it): per cell, row-major,
+        the FEATURE_CELLS planes, then the agent's cell once per direction it may face, then what it carries
+        (CARRIED_OBJECTS); float32 (H W (len(FEATURE_CELLS) + 4) + len(CARRIED_OBJECTS),)."""
         height, width = self.game.height, self.game.width
         cells = np.zeros((height, width, len(FEATURE_CELLS)), np.float32)
         for y in range(height):
@@ -224,25 +210,14 @@ class MiniGridEnv(gymnasium.Env):
                 name = self._cell_name(x, y)
                 if name in FEATURE_CELLS:
                     cells[y, x, FEATURE_CELLS.index(name)] = 1.0
+        agent = np.zeros((height, width, 4), np.float32)
+        x, y = self.agent
+        agent[y, x, self.game.agent_dir] = 1.0
         carried = self.game.carrying
         carrying = np.array(
             [carried is not None and carried.type == name for name in CARRIED_OBJECTS], np.float32
         )
-        x, y = self.agent
-        if self.state_view == "layout":
-            agent = np.zeros((height, width, 4), np.float32)
-            agent[y, x, self.game.agent_dir] = 1.0
-            return np.concatenate([np.concatenate([cells, agent], axis=2).ravel(), carrying])
-        n = max(height, width)
-        window = np.zeros((2 * n - 1, 2 * n - 1, len(FEATURE_CELLS) + 1), np.float32)
-        window[..., -1] = 1.0  # off the level, until a level cell is written
-        top, left = n - 1 - y, n - 1 - x  # where the level's cell (0, 0) lands: the agent at the centre
-        window[top : top + height, left : left + width, :-1] = cells
-        window[top : top + height, left : left + width, -1] = 0.0
-        # np.rot90 turns a quarter counter-clockwise per k: facing right (agent_dir 0) needs one, down two,
-        # left three, up none.
-        window = np.rot90(window, k=(self.game.agent_dir + 1) % 4, axes=(0, 1))
-        return np.concatenate([window.ravel(), carrying])
+        return np.concatenate([np.concatenate([cells, agent], axis=2).ravel(), carrying])
 
     def describe_state(self) -> list[Fact]:
         """Relations to the agent of the goal, key and door (envs_visual.facts), then the sides of adjacent

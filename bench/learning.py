@@ -364,11 +364,14 @@ def rate(value: float, low: float | None = None, high: float | None = None) -> s
     return f"{value:.3f} [{low:.2f}, {high:.2f}]"
 
 
+def reference_rate(value: RateWithCI | list | float) -> RateWithCI:
+    """A reference as (rate, low, high): the optimum is a bare rate, and curves.json reads tuples as lists."""
+    return tuple(value) if isinstance(value, tuple | list) else (value, None, None)
+
+
 def reference_cell(references: dict, kind: str) -> str:
     value = references.get(kind)
-    if value is None:
-        return "-"
-    return rate(*value) if isinstance(value, tuple | list) else f"{value:.3f}"
+    return "-" if value is None else rate(*reference_rate(value))
 
 
 def markdown_table(curves: list[Curve]) -> str:
@@ -437,9 +440,8 @@ def plot_task(task: str, curves: list[Curve], out: Path) -> None:
     for kind, (label, style) in styles.items():
         value = references.get(kind)
         if value is not None:
-            level = value[0] if isinstance(value, tuple | list) else value
             for ax in axes:
-                ax.axhline(level, color="gray", linestyle=style, linewidth=1, label=label)
+                ax.axhline(reference_rate(value)[0], color="gray", linestyle=style, linewidth=1, label=label)
     axes[0].set(
         xlabel="RL wall time (minutes)", ylabel="validation success", title=f"{task}: success vs wall time"
     )

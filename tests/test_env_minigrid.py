@@ -52,30 +52,6 @@ def test_one_cell_is_one_28_pixel_tile_and_the_text_grid_shows_the_level():
     assert (agent_cell[..., 0] > 200).sum() > 50  # MiniGrid's red triangle
 
 
-def test_the_egocentric_view_turns_image_and_text_so_that_the_agent_faces_up():
-    grid_view, egocentric = make(), make(view="egocentric")
-    grid_view.reset(seed=3)
-    observation, _ = egocentric.reset(seed=3)  # facing right: one quarter turn to the left
-    assert grid_view.text_grid() == ">...\n..L.\n..L.\n..LG"
-    assert observation["text"] == "...G\n.LLL\n....\n^..."
-    assert "always face up" in egocentric.text_legend
-    for action in (RIGHT, RIGHT, FORWARD):  # face down, then left, and step: the agent still faces up
-        observation, *_ = egocentric.step(action)
-        grid_view.step(action)
-        turned = np.array([list(row) for row in grid_view.text_grid().splitlines()])
-        turns = (grid_view.game.agent_dir + 1) % 4
-        expected = np.rot90(np.where(np.isin(turned, list(">v<")), "^", turned), turns)
-        assert observation["text"] == "\n".join("".join(row) for row in expected)
-        row, col = divmod(observation["text"].replace("\n", "").index("^"), 4)
-        cell = observation["image"][28 * row : 28 * row + 28, 28 * col : 28 * col + 28, 0] > 200
-        rows = np.nonzero(cell.any(axis=1))[0]
-        assert cell[rows[0]].sum() < cell[rows[-1]].sum()  # the red triangle's tip is at the top
-        lava = observation["image"][..., 0].reshape(4, 28, 4, 28).mean(axis=(1, 3)) > 100
-        assert (lava == (expected == "L")).all()  # orange lava where the text has it, nowhere else
-    with pytest.raises(ValueError, match="view"):
-        make(view="sideways")
-
-
 def test_a_level_without_the_outer_wall_is_refused_with_a_reason():
     env = make()
     env.reset(seed=3)

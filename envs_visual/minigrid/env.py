@@ -39,7 +39,6 @@ IMAGE_LEGEND = (
     "floor, orange cells lava, the green cell the goal, a yellow key-shaped object the key and a yellow "
     "square with a frame the door."
 )
-EGOCENTRIC_NOTE = " The grid is turned so that you always face up."
 ACTION_RULES = (
     "Left and Right turn you a quarter turn in place; Forward steps one cell the way you face (a wall "
     "or a closed door stops you)."
@@ -100,8 +99,6 @@ class MiniGridEnv(gymnasium.Env):
     info: success (the agent stands on the goal), action_is_effective (the agent or the grid changed).
     Levels: `reset(seed)` passes the seed to MiniGrid's generator, so the seed alone fixes the level;
     `start="random"` also draws the start (cell and direction) from it, the layout key still the task's.
-    `view="egocentric"` turns the image and the text a quarter turn at a time so that the agent faces up
-    (Forward is always up the screen); facts and state features stay in grid directions.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 4}
@@ -117,14 +114,11 @@ class MiniGridEnv(gymnasium.Env):
         cell_size: int = 28,
         render_mode: str | None = "rgb_array",
         start: str = "task",
-        view: str = "grid",
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
         if start not in ("task", "random"):
             raise ValueError(f"start must be 'task' or 'random', got {start!r}")
-        if view not in ("grid", "egocentric"):
-            raise ValueError(f"view must be 'grid' or 'egocentric', got {view!r}")
         spec = TASKS[task]
         self.task = task
         self.game = gymnasium.make(task, **({} if max_steps is None else {"max_steps": max_steps})).unwrapped
@@ -133,10 +127,6 @@ class MiniGridEnv(gymnasium.Env):
         self.cell_size = cell_size
         self.render_mode = render_mode
         self.start = start
-        self.view = view
-        if view == "egocentric":
-            self.text_legend = TEXT_LEGEND + EGOCENTRIC_NOTE
-            self.image_legend = IMAGE_LEGEND + EGOCENTRIC_NOTE
         self.action_names = spec.action_names
         self.instruction = spec.instruction
         self.example_facts = spec.example_facts
@@ -188,29 +178,15 @@ class MiniGridEnv(gymnasium.Env):
         )
 
     def render(self) -> np.ndarray:
-        """The cells inside the outer wall, `cell_size` pixels each (turned so that the agent faces up when
-        `view="egocentric"`: MiniGrid draws the turned grid, so each cell keeps its look)."""
-        game, turns = self.game, self._quarter_turns()
-        grid, (x, y) = game.grid, self.agent
-        for _ in range(turns):  # Grid.rotate_left: (x, y) -> (y, width - 1 - x)
-            x, y = y, grid.width - 1 - x
-            grid = grid.rotate_left()
-        direction = (game.agent_dir - turns) % 4
-        frame = grid.render(self.cell_size, agent_pos=(x, y), agent_dir=direction)
+        """The cells inside the outer wall, `cell_size` pixels each."""
+        frame = self.game.get_frame(highlight=False, tile_size=self.cell_size, agent_pov=False)
         border = self.cell_size
         return np.ascontiguousarray(frame[border:-border, border:-border])
 
     def text_grid(self) -> str:
         """One character per cell inside the outer wall (CELL_CHARS, DOOR_CHARS; the agent by AGENT_CHARS),
-        rows top to bottom; turned like the image."""
-        turns = self._quarter_turns()
-        rows = np.array([list(row) for row in self._grid_text(margin=1).split("\n")])
-        rows[np.isin(rows, list(AGENT_CHARS))] = AGENT_CHARS[(self.game.agent_dir - turns) % 4]
-        return "\n".join("".join(row) for row in np.rot90(rows, turns))
-
-    def _quarter_turns(self) -> int:
-        """Counter-clockwise quarter turns that make the agent face up: 0 for the grid view."""
-        return (self.game.agent_dir + 1) % 4 if self.view == "egocentric" else 0
+        rows top to bottom."""
+        return self._grid_text(margin=1)
 
     def _grid_text(self, margin: int) -> str:
         """text_grid's characters for the cells `margin` or more cells inside the level's edge."""

@@ -13,8 +13,10 @@ writes under bench/results/:
   format- and solver-warm-start success and, where the env has one, the value-iteration optimum (all
   three read from the warm starts' reports, measured on the same number of validation levels);
 - learning_<task>.png: success vs wall minutes and vs steps, one line per algorithm/seed;
-- curves.json: every validation curve of the summary, so that a later summary can add runs to it
-  after the run folders are gone.
+- training_<task>.png: per iteration, training success, well-formed replies, approximate KL and the
+  critic's explained variance, for the runs that logged them (why a run does or does not learn);
+- curves.json: every curve of the summary, so that a later summary can add runs to it after the run
+  folders are gone.
 A hand-kept runs.md beside them (the commands, commits and notes of the runs) is never rewritten.
 
     .venv/bin/python bench/learning.py --dry-run                      # print the commands only
@@ -65,6 +67,13 @@ STARPO_S = ["algo.filter.rule=top_std_fraction", "algo.filter.keep=0.5"]  # keep
 REFERENCE_WARM_STARTS = ("format", "solver")  # warm_start.teacher names
 BENCH_FILE = "bench.json"
 CURVES_FILE = "curves.json"  # every curve of a summary, so a later summary can add runs to it
+# per-iteration metrics of training_<task>.png: metrics.jsonl key -> panel title
+TRAINING_METRICS = {
+    "train/success_rate": "training success (sampled)",
+    "train/format_ok_rate": "well-formed replies",
+    "actor/approx_kl": "approximate KL(old || new) per token",
+    "critic/explained_var": "critic explained variance",
+}
 GRACE_SECONDS = 120.0
 POLL_SECONDS = 5.0
 
@@ -285,6 +294,9 @@ class Curve:
     references: dict[str, RateWithCI | float]  # format/solver: (rate, low, high); optimal: rate
     minutes_total: float = 0.0  # RL wall minutes of the whole run
     threads: int | None = None  # torch threads per rank (logged at step 0 since 2026-12-04)
+    # "step" and each TRAINING_METRICS key -> one value per training iteration (None: not logged then);
+    # empty for curves summarized before 2026-12-07
+    training: dict[str, list[float | None]] = field(default_factory=dict)
 
 
 def read_references(warm_starts: dict[str, str]) -> dict:
@@ -324,6 +336,9 @@ def read_curve(run_dir: Path) -> Curve | None:
     curve = Curve(task, algo, seed, [], [], [], [], [], 0, read_references(warm_starts))
     elapsed = 0.0
     for line in sorted(metrics, key=lambda m: m["step"]):
+        if any(key in line for key in TRAINING_METRICS):
+            for key in ("step", *TRAINING_METRICS):
+                curve.training.setdefault(key, []).append(line.get(key))
         elapsed += line.get("time/step_s", 0.0)
         curve.last_step = max(curve.last_step, int(line["step"]))
         curve.threads = line.get("time/torch_threads", curve.threads)
@@ -457,6 +472,27 @@ def plot_task(task: str, curves: list[Curve], out: Path) -> None:
     plt.close(fig)
 
 
+def plot_training(task: str, curves: list[Curve], out: Path) -> None:
+    """TRAINING_METRICS against the step, one panel each, one line per algorithm/seed."""
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    algos = sorted({c.algo for c in curves})
+    for c in sorted(curves, key=lambda c: (c.algo, c.seed)):
+        color = colors[algos.index(c.algo) % len(colors)]
+        for ax, key in zip(axes.flat, TRAINING_METRICS, strict=True):
+            values = np.array(c.training[key], dtype=float)  # None -> NaN: a gap in the line
+            ax.plot(c.training["step"], values, color=color, linewidth=1, label=f"{c.algo} s{c.seed}")
+    for ax, title in zip(axes.flat, TRAINING_METRICS.values(), strict=True):
+        ax.set_title(f"{task}: {title}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[1, 0].set_xlabel("RL steps")
+    axes[1, 1].set_xlabel("RL steps")
+    axes[0, 0].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def summarize(curves: list[Curve], results: Path) -> None:
     if not curves:
         raise SystemExit(f"no curves: no run folder with a metrics.jsonl and no {CURVES_FILE} given")
@@ -477,6 +513,11 @@ def summarize(curves: list[Curve], results: Path) -> None:
         out = results / f"learning_{task}.png"
         plot_task(task, [c for c in curves if c.task == task], out)
         print(f"wrote {out}")
+        logged = [c for c in curves if c.task == task and c.training]
+        if logged:
+            out = results / f"training_{task}.png"
+            plot_training(task, logged, out)
+            print(f"wrote {out}")
     print(f"wrote {results / 'learning.md'}")
 
 

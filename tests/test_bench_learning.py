@@ -26,6 +26,7 @@ def fake_run(
         line |= {"val/success_ci_low": success - 0.05, "val/success_ci_high": success + 0.05}
         if i:
             line["time/step_s"] = 60.0  # one minute per validation interval
+            line |= {"train/success_rate": success + 0.1, "train/format_ok_rate": 1.0, "actor/approx_kl": 0.01}
         elif threads is not None:  # the trainer logs its torch threads at step 0
             line["time/torch_threads"] = threads
         lines.append(line)
@@ -48,6 +49,15 @@ def test_summary_table_and_plots_from_run_folders(tmp_path):
     assert "| 0.020 [0.01, 0.04] | - | 0.700 |" in table  # format warm start, no solver, the VI optimum
     assert "| frozenlake | grpo | 2 | 0.500 | 0.400 .. 0.600 |" in table  # mean over seeds
     assert (tmp_path / "results" / "learning_frozenlake.png").stat().st_size > 10_000
+    assert (tmp_path / "results" / "training_frozenlake.png").stat().st_size > 10_000
+    curves = {c["seed"]: c for c in json.loads((tmp_path / "results" / learning.CURVES_FILE).read_text())}
+    assert curves[1]["training"] == {  # the iterations' metrics; a metric the run never logged is null
+        "step": [10, 20],
+        "train/success_rate": [0.4, 0.7],
+        "train/format_ok_rate": [1.0, 1.0],
+        "actor/approx_kl": [0.01, 0.01],
+        "critic/explained_var": [None, None],
+    }
 
 
 def test_a_later_summary_adds_runs_to_an_earlier_ones_curves(tmp_path):

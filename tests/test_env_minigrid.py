@@ -198,35 +198,3 @@ def test_random_start_levels_start_where_their_seed_says_and_the_solver_wins_fro
 def test_unknown_task_is_refused():
     with pytest.raises(ValueError, match="task must be one of"):
         make("MiniGrid-Empty-5x5-v0")
-
-
-def test_compass_moves_turn_the_fewest_quarter_turns_then_step_as_minigrid_steps():
-    env = make(max_steps=20, reward_scale=10.0, moves="compass")
-    up, down, left, right = range(4)
-    observation, _ = env.reset(seed=3)  # ">...\n..L.\n..L.\n..LG", facing right
-    assert env.action_names == ("Up", "Down", "Left", "Right")
-    assert "Up, Down, Left and Right turn you to face that way" in env.instruction
-    observation, reward, terminated, truncated, info = env.step(down)  # one right turn, then Forward
-    assert observation["text"] == "....\nv.L.\n..L.\n..LG" and env.game.step_count == 2
-    env.step(up)  # two quarter turns, then Forward
-    assert env.text_grid().startswith("^...") and env.game.step_count == 5
-    _, _, _, _, info = env.step(up)  # faces up already: Forward into the outer wall
-    assert env.game.step_count == 6 and not info["action_is_effective"]
-    env.step(left)  # one left turn (not three right turns), then Forward into the wall
-    assert env.game.agent_dir == 2 and env.game.step_count == 8
-    plan = env.optimal_actions(100)
-    assert plan == [right, right, right, down, down, down]  # along the top row, then down the last column
-    for action in plan:
-        _, reward, terminated, _, info = env.step(action)
-    assert terminated and info["success"]
-    assert reward == pytest.approx(10.0 * (1 - 0.9 * 17 / 20))  # 10 Forwards and 7 quarter turns in all
-
-
-def test_compass_keeps_the_tasks_other_actions_and_stops_at_truncation():
-    assert make(DOOR_KEY, moves="compass").action_names == ("Up", "Down", "Left", "Right", "Pickup", "Toggle")
-    env = make(max_steps=2, moves="compass")
-    env.reset(seed=3)
-    _, _, terminated, truncated, _ = env.step(2)  # Left from facing right: two turns, truncated before Forward
-    assert (terminated, truncated, env.game.step_count, env.agent) == (False, True, 2, (1, 1))
-    with pytest.raises(ValueError, match="moves must be one of"):
-        make(moves="absolute")

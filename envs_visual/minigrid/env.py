@@ -39,12 +39,10 @@ IMAGE_LEGEND = (
     "floor, orange cells lava, the green cell the goal, a yellow key-shaped object the key and a yellow "
     "square with a frame the door."
 )
-MOVE_RULES = {
-    "turns": "Left and Right turn you a quarter turn in place; Forward steps one cell the way you face (a "
-    "wall or a closed door stops you).",
-    "compass": "Up, Down, Left and Right turn you to face that way and step one cell (a wall or a closed door "
-    "stops the step).",
-}
+ACTION_RULES = (
+    "Left and Right turn you a quarter turn in place; Forward steps one cell the way you face (a wall "
+    "or a closed door stops you)."
+)
 # state_features(): one plane per kind of cell, then the agent's cell per direction, then what it carries.
 FEATURE_CELLS = ("wall", "lava", "goal", "key", "ball", "box", "door open", "door closed", "door locked")
 CARRIED_OBJECTS = ("key", "ball", "box")
@@ -52,28 +50,25 @@ CARRIED_OBJECTS = ("key", "ball", "box")
 
 @dataclass(frozen=True)
 class Task:
-    """What the wrapper needs to know of one MiniGrid task: its actions besides moving (MiniGrid's own
-    names), the goal of the game, the rules of those actions, and the objects its facts describe."""
+    """What the wrapper needs to know of one MiniGrid task: its actions (MiniGrid's own action names and
+    ids), the instruction, and the objects its facts describe."""
 
-    goal: str
+    action_names: tuple[str, ...]
+    instruction: str
     example_facts: tuple[Fact, ...]
-    other_actions: tuple[str, ...] = ()
-    other_rules: str = ""
 
 
 MINIGRID_ACTIONS = {"Left": 0, "Right": 1, "Forward": 2, "Pickup": 3, "Drop": 4, "Toggle": 5}
-# moves="compass": each move is MiniGrid's fewest quarter turns to face that way, then Forward.
-COMPASS = {"Up": 3, "Down": 1, "Left": 2, "Right": 0}  # the agent_dir each move faces
-MOVES = {"turns": ("Left", "Right", "Forward"), "compass": tuple(COMPASS)}
 LAVA_GAP = Task(
+    ("Left", "Right", "Forward"),
     "You are playing MiniGrid LavaGap. Reach the green goal square through the gap in the wall of lava; "
-    "stepping into lava ends the game.",
+    f"stepping into lava ends the game. {ACTION_RULES}",
     (("goal", "below"), ("goal", "right"), ("lava", "right")),
 )
 LAVA_CROSSING = dataclasses.replace(
     LAVA_GAP,
-    goal="You are playing MiniGrid LavaCrossing. Reach the green goal square through the gaps in the walls "
-    "of lava; stepping into lava ends the game.",
+    instruction="You are playing MiniGrid LavaCrossing. Reach the green goal square through the gaps in the "
+    f"walls of lava; stepping into lava ends the game. {ACTION_RULES}",
 )
 # MiniGrid registers its lava crossings at 9 x 9 and up; this one is its own generator (CrossingEnv) at the
 # 7 x 7 of LavaGapS7, with two walls of lava to cross: 82 layouts instead of LavaGap's 8 or 15.
@@ -86,23 +81,17 @@ TASKS = {
     "MiniGrid-LavaGapS7-v0": LAVA_GAP,  # 15 layouts: x in {2, 3, 4}, y in 1..5
     "MiniGrid-LavaCrossingS7N2-v0": LAVA_CROSSING,  # 82 layouts: two of the 4 walls at x or y in {2, 4}
     "MiniGrid-DoorKey-5x5-v0": Task(
+        ("Left", "Right", "Forward", "Pickup", "Toggle"),
         "You are playing MiniGrid DoorKey. Pick up the key, unlock the door with it and reach the green goal "
-        "square.",
+        f"square. {ACTION_RULES} Pickup takes the object in front of you; Toggle opens the door in front "
+        "of you (a locked door needs the key).",
         (("key", "below"), ("door", "right"), ("goal", "right")),
-        ("Pickup", "Toggle"),
-        " Pickup takes the object in front of you; Toggle opens the door in front of you (a locked door "
-        "needs the key).",
     ),
 }
 
 
 class MiniGridEnv(gymnasium.Env):
     """A MiniGrid task with the task's actions and {"image", "text"} observations of the whole grid.
-
-    `moves`: "turns" keeps MiniGrid's own Left / Right (quarter turns) and Forward; "compass" gives Up /
-    Down / Left / Right instead, each the fewest of MiniGrid's quarter turns to face that way, then its
-    Forward, every one a MiniGrid step (counted in `max_steps` and its reward), so the actions read in the
-    image's frame as in FrozenLake and Sokoban. Other actions (Pickup, Toggle) are MiniGrid's either way.
 
     The image and the text show the cells inside the outer wall: (height - 2) x (width - 2) of them.
     Rewards, termination (goal or lava) and truncation (after `max_steps` steps; None keeps the task's
@@ -125,14 +114,11 @@ class MiniGridEnv(gymnasium.Env):
         cell_size: int = 28,
         render_mode: str | None = "rgb_array",
         start: str = "task",
-        moves: str = "turns",
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
         if start not in ("task", "random"):
             raise ValueError(f"start must be 'task' or 'random', got {start!r}")
-        if moves not in MOVES:
-            raise ValueError(f"moves must be one of {sorted(MOVES)}, got {moves!r}")
         spec = TASKS[task]
         self.task = task
         self.game = gymnasium.make(task, **({} if max_steps is None else {"max_steps": max_steps})).unwrapped
@@ -141,12 +127,12 @@ class MiniGridEnv(gymnasium.Env):
         self.cell_size = cell_size
         self.render_mode = render_mode
         self.start = start
-        self.moves = moves
-        self.action_names = MOVES[moves] + spec.other_actions
-        self.instruction = f"{spec.goal} {MOVE_RULES[moves]}{spec.other_rules}"
+        self.action_names = spec.action_names
+        self.instruction = spec.instruction
         self.example_facts = spec.example_facts
+        self._action_ids = [MINIGRID_ACTIONS[name] for name in spec.action_names]
         width, height = self.game.width - 2, self.game.height - 2  # inside the outer wall
-        self.action_space = spaces.Discrete(len(self.action_names))
+        self.action_space = spaces.Discrete(len(spec.action_names))
         self.observation_space = spaces.Dict(
             {
                 "image": spaces.Box(0, 255, (height * cell_size, width * cell_size, 3), np.uint8),
@@ -181,11 +167,11 @@ class MiniGridEnv(gymnasium.Env):
         if not self.action_space.contains(action):
             raise ValueError(f"action must be an int in [0, {self.action_space.n}), got {action!r}")
         before = self._state_key()
-        reward, terminated, truncated = self._play(self.game, int(action))
+        _, reward, terminated, truncated, _ = self.game.step(self._action_ids[int(action)])
         effective = self._state_key() != before
         return (
             self._observation(),
-            reward * self.reward_scale,
+            float(reward) * self.reward_scale,
             terminated,
             truncated,
             self._info(effective),
@@ -256,9 +242,9 @@ class MiniGridEnv(gymnasium.Env):
         queue, seen = deque([(start, [])]), {self._state_key(start)}
         while queue:
             game, path = queue.popleft()
-            for action in range(len(self.action_names)):
+            for action, minigrid_action in enumerate(self._action_ids):
                 child = copy.deepcopy(game)
-                reward, terminated, truncated = self._play(child, action)
+                _, reward, terminated, truncated, _ = child.step(minigrid_action)
                 if terminated and reward > 0:
                     return (path + [action])[:max_actions]
                 key = self._state_key(child)
@@ -266,24 +252,6 @@ class MiniGridEnv(gymnasium.Env):
                     seen.add(key)
                     queue.append((child, path + [action]))
         return []
-
-    def _play(self, game, action: int) -> tuple[float, bool, bool]:
-        """Steps `game` (the wrapped env or a copy) through one of our actions: MiniGrid's own action, or a
-        compass move's quarter turns then Forward, stopping when the episode ends; (reward summed over the
-        MiniGrid steps, terminated, truncated)."""
-        name = self.action_names[action]
-        if self.moves == "compass" and name in COMPASS:
-            turns = (COMPASS[name] - game.agent_dir) % 4  # 3 right turns are 1 left turn
-            steps = (["Right"] * turns if turns < 3 else ["Left"]) + ["Forward"]
-        else:
-            steps = [name]
-        total = 0.0
-        for step in steps:
-            _, reward, terminated, truncated, _ = game.step(MINIGRID_ACTIONS[step])
-            total += float(reward)
-            if terminated or truncated:
-                break
-        return total, terminated, truncated
 
     @property
     def agent(self) -> tuple[int, int]:

@@ -473,15 +473,18 @@ def plot_task(task: str, curves: list[Curve], out: Path) -> None:
 
 
 def plot_training(task: str, curves: list[Curve], out: Path) -> None:
-    """TRAINING_METRICS against the step, one panel each, one line per algorithm/seed."""
+    """TRAINING_METRICS against the step, one panel each, one line per algorithm/seed that logged them
+    (an algorithm keeps its color of plot_task's figure)."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    algos = sorted({c.algo for c in curves})
-    for c in sorted(curves, key=lambda c: (c.algo, c.seed)):
+    styles = ("-", "--", ":", "-.")
+    algos, seeds = sorted({c.algo for c in curves}), sorted({c.seed for c in curves})
+    for c in sorted((c for c in curves if c.training), key=lambda c: (c.algo, c.seed)):
         color = colors[algos.index(c.algo) % len(colors)]
+        style = styles[seeds.index(c.seed) % len(styles)]
         for ax, key in zip(axes.flat, TRAINING_METRICS, strict=True):
             values = np.array(c.training[key], dtype=float)  # None -> NaN: a gap in the line
-            ax.plot(c.training["step"], values, color=color, linewidth=1, label=f"{c.algo} s{c.seed}")
+            ax.plot(c.training["step"], values, style, color=color, linewidth=1, label=f"{c.algo} s{c.seed}")
     for ax, title in zip(axes.flat, TRAINING_METRICS.values(), strict=True):
         ax.set_title(f"{task}: {title}", fontsize=10)
         ax.grid(alpha=0.3)
@@ -513,10 +516,9 @@ def summarize(curves: list[Curve], results: Path) -> None:
         out = results / f"learning_{task}.png"
         plot_task(task, [c for c in curves if c.task == task], out)
         print(f"wrote {out}")
-        logged = [c for c in curves if c.task == task and c.training]
-        if logged:
+        if any(c.training for c in curves if c.task == task):
             out = results / f"training_{task}.png"
-            plot_training(task, logged, out)
+            plot_training(task, [c for c in curves if c.task == task], out)
             print(f"wrote {out}")
     print(f"wrote {results / 'learning.md'}")
 

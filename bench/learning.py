@@ -433,15 +433,29 @@ def mean_table(curves: list[Curve]) -> str:
     return "\n".join(lines) + "\n"
 
 
+RunLooks = dict[tuple[str, int], tuple[str, str]]  # (algo, seed) -> (color, marker or line style)
+
+
+def run_looks(curves: list[Curve], seed_looks: str | tuple[str, ...]) -> RunLooks:
+    """(algo, seed) -> (color, look): a color per algorithm and one of `seed_looks` (markers or line
+    styles) per seed, taken over all of a task's curves so that a run has its color in every figure."""
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    algos, seeds = sorted({c.algo for c in curves}), sorted({c.seed for c in curves})
+    return {
+        (c.algo, c.seed): (
+            colors[algos.index(c.algo) % len(colors)],
+            seed_looks[seeds.index(c.seed) % len(seed_looks)],
+        )
+        for c in curves
+    }
+
+
 def plot_task(task: str, curves: list[Curve], out: Path) -> None:
     """Success vs wall minutes (left) and vs steps (right), CI bands, reference lines."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    markers = "os^Dv<>p"
-    algos, seeds = sorted({c.algo for c in curves}), sorted({c.seed for c in curves})
+    looks = run_looks(curves, "os^Dv<>p")
     for c in sorted(curves, key=lambda c: (c.algo, c.seed)):
-        color = colors[algos.index(c.algo) % len(colors)]
-        marker = markers[seeds.index(c.seed) % len(markers)]
+        color, marker = looks[c.algo, c.seed]
         for ax, x in zip(axes, (c.minutes, c.steps), strict=True):
             ax.plot(x, c.success, marker=marker, markersize=4, color=color, label=f"{c.algo} s{c.seed}")
             low, high = (np.array(ci, dtype=float) for ci in (c.ci_low, c.ci_high))  # None -> NaN: no band
@@ -476,12 +490,9 @@ def plot_training(task: str, curves: list[Curve], out: Path) -> None:
     """TRAINING_METRICS against the step, one panel each, one line per algorithm/seed that logged them
     (an algorithm keeps its color of plot_task's figure)."""
     fig, axes = plt.subplots(2, 2, figsize=(12, 7), sharex=True)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles = ("-", "--", ":", "-.")
-    algos, seeds = sorted({c.algo for c in curves}), sorted({c.seed for c in curves})
+    looks = run_looks(curves, ("-", "--", ":", "-."))
     for c in sorted((c for c in curves if c.training), key=lambda c: (c.algo, c.seed)):
-        color = colors[algos.index(c.algo) % len(colors)]
-        style = styles[seeds.index(c.seed) % len(styles)]
+        color, style = looks[c.algo, c.seed]
         for ax, key in zip(axes.flat, TRAINING_METRICS, strict=True):
             values = np.array(c.training[key], dtype=float)  # None -> NaN: a gap in the line
             ax.plot(c.training["step"], values, style, color=color, linewidth=1, label=f"{c.algo} s{c.seed}")
@@ -513,12 +524,13 @@ def summarize(curves: list[Curve], results: Path) -> None:
     )
     print(table)
     for task in sorted({c.task for c in curves}):
+        task_curves = [c for c in curves if c.task == task]
         out = results / f"learning_{task}.png"
-        plot_task(task, [c for c in curves if c.task == task], out)
+        plot_task(task, task_curves, out)
         print(f"wrote {out}")
-        if any(c.training for c in curves if c.task == task):
+        if any(c.training for c in task_curves):
             out = results / f"training_{task}.png"
-            plot_training(task, [c for c in curves if c.task == task], out)
+            plot_training(task, task_curves, out)
             print(f"wrote {out}")
     print(f"wrote {results / 'learning.md'}")
 

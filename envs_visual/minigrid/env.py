@@ -279,25 +279,18 @@ class MiniGridEnv(gymnasium.Env):
         lava (doors and keys pass: a key opens its door), so that a random start can win. MiniGrid's
         crossings connect only the task's own start to the goal: 24 of 200 random LavaCrossingS7N2 starts
         were shut in by lava."""
-        game = self.game
-        blocked = {
-            (x, y)
-            for y in range(game.height)
-            for x in range(game.width)
-            if self._cell_name(x, y) in ("wall", "lava")
+        names = {
+            (x, y): self._cell_name(x, y) for y in range(self.game.height) for x in range(self.game.width)
         }
-        goals = [
-            (x, y) for y in range(game.height) for x in range(game.width) if self._cell_name(x, y) == "goal"
-        ]
+        goals = [cell for cell, name in names.items() if name == "goal"]
         joined, queue = set(goals), deque(goals)
-        while queue:
+        while queue:  # the outer wall keeps the search inside the grid
             x, y = queue.popleft()
             for cell in ((x + 1, y), (x - 1, y), (x, y + 1), (x, y - 1)):
-                if cell not in blocked and cell not in joined:
+                if names[cell] not in ("wall", "lava") and cell not in joined:
                     joined.add(cell)
                     queue.append(cell)
-        empty = [(x, y) for y in range(game.height) for x in range(game.width) if game.grid.get(x, y) is None]
-        return [cell for cell in empty if cell in joined or not goals]
+        return [cell for cell, name in names.items() if name == "empty" and (cell in joined or not goals)]
 
     def _check_outer_wall(self) -> None:
         game = self.game

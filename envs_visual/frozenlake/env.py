@@ -18,10 +18,10 @@ from envs_visual.facts import Fact, adjacent_facts, relative_facts
 from envs_visual.frozenlake.planning import (
     GYM_ACTIONS,
     SlipperyPlan,
-    goal_distances,
     shortest_path_actions,
     value_iteration,
 )
+from envs_visual.paths import goal_distances
 from envs_visual.render import TileRenderer
 
 ACTION_NAMES = ("Up", "Down", "Left", "Right")

@@ -10,32 +10,15 @@ and pi_k(s) = argmax_a of that sum (the first best action in action-id order on 
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
+from envs_visual.paths import goal_distances
+
 # Action ids: 0 Up, 1 Down, 2 Left, 3 Right (envs_visual.frozenlake.env.ACTION_NAMES).
 MOVES = ((-1, 0), (1, 0), (0, -1), (0, 1))
 GYM_ACTIONS = (3, 1, 0, 2)  # our action id -> gymnasium FrozenLakeEnv's (LEFT=0, DOWN=1, RIGHT=2, UP=3)
-
-
-def goal_distances(desc: list[str]) -> dict[tuple[int, int], int]:
-    """Fewest non-slippery moves from each cell to the nearest goal, stepping on no hole (BFS from the
-    goals); cells that cannot reach a goal are absent. Holes are absent too."""
-    rows, cols = len(desc), len(desc[0])
-    goals = [(r, c) for r in range(rows) for c in range(cols) if desc[r][c] == "G"]
-    distance = dict.fromkeys(goals, 0)
-    queue = deque(goals)
-    while queue:
-        row, col = queue.popleft()
-        for d_row, d_col in MOVES:
-            cell = (row + d_row, col + d_col)
-            if 0 <= cell[0] < rows and 0 <= cell[1] < cols and desc[cell[0]][cell[1]] != "H":
-                if cell not in distance:
-                    distance[cell] = distance[(row, col)] + 1
-                    queue.append(cell)
-    return distance
 
 
 def shortest_path_actions(desc: list[str], start: tuple[int, int], max_actions: int) -> list[int]:

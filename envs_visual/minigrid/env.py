@@ -24,6 +24,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs_visual.facts import Fact, adjacent_facts, relative_facts
+from envs_visual.paths import goal_distances
 
 # One character per cell of the text grid; the agent is drawn by the way it faces.
 CELL_CHARS = {"empty": ".", "wall": "W", "lava": "L", "goal": "G", "key": "K", "ball": "B", "box": "X"}
@@ -275,22 +276,16 @@ class MiniGridEnv(gymnasium.Env):
         return CELL_CHARS[name]
 
     def _cells_joined_to_goal(self) -> list[tuple[int, int]]:
-        """The empty cells, row-major, joined to the goal by side-by-side cells that are neither wall nor
-        lava (doors and keys pass: a key opens its door), so that a random start can win. MiniGrid's
-        crossings connect only the task's own start to the goal: 24 of 200 random LavaCrossingS7N2 starts
-        were shut in by lava."""
-        names = {
-            (x, y): self._cell_name(x, y) for y in range(self.game.height) for x in range(self.game.width)
-        }
-        goals = [cell for cell, name in names.items() if name == "goal"]
-        joined, queue = set(goals), deque(goals)
-        while queue:  # the outer wall keeps the search inside the grid
-            x, y = queue.popleft()
-            for cell in ((x + 1, y), (x - 1, y), (x, y + 1), (x, y - 1)):
-                if names[cell] not in ("wall", "lava") and cell not in joined:
-                    joined.add(cell)
-                    queue.append(cell)
-        return [cell for cell, name in names.items() if name == "empty" and (cell in joined or not goals)]
+        """The empty cells (x, y), row-major, joined to the goal by side-by-side cells that are neither wall
+        nor lava (doors and keys pass: a key opens its door), so that a random start can win; read from
+        the reset's layout key. MiniGrid's crossings connect only the task's own start to the goal: 24 of
+        200 random LavaCrossingS7N2 starts were shut in by lava."""
+        rows = self.layout_key.split("\n")
+        joined = goal_distances(
+            rows, goal=CELL_CHARS["goal"], blocked=CELL_CHARS["wall"] + CELL_CHARS["lava"]
+        )
+        floor = CELL_CHARS["empty"] + AGENT_CHARS  # the level's own start cell is empty too
+        return [(x, y) for y, x in sorted(joined) if rows[y][x] in floor]
 
     def _check_outer_wall(self) -> None:
         game = self.game

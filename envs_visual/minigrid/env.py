@@ -22,7 +22,6 @@ import gymnasium
 import minigrid  # noqa: F401  (registers the MiniGrid-* ids)
 import numpy as np
 from gymnasium import spaces
-from minigrid.core.world_object import Lava, Wall
 
 from envs_visual.facts import Fact, adjacent_facts, relative_facts
 from envs_visual.paths import goal_distances
@@ -72,26 +71,16 @@ LAVA_CROSSING = dataclasses.replace(
     instruction="You are playing MiniGrid LavaCrossing. Reach the green goal square through the gaps in the "
     f"walls of lava; stepping into lava ends the game. {ACTION_RULES}",
 )
-WALL_CROSSING = dataclasses.replace(
-    LAVA_GAP,
-    instruction="You are playing MiniGrid SimpleCrossing. Reach the green goal square through the gaps in "
-    f"the walls. {ACTION_RULES}",
-    example_facts=(("goal", "below"), ("goal", "right")),
-)
-# MiniGrid registers its crossings at 9 x 9 and up; these are its own generator (CrossingEnv) at the 7 x 7 of
-# LavaGapS7, with two walls to cross (of lava, or of wall that only blocks): 82 layouts instead of 8 or 15.
-for _name, _obstacle in (("LavaCrossingS7N2", Lava), ("SimpleCrossingS7N2", Wall)):
-    if f"MiniGrid-{_name}-v0" not in gymnasium.registry:
-        gymnasium.register(
-            f"MiniGrid-{_name}-v0",
-            "minigrid.envs:CrossingEnv",
-            kwargs={"size": 7, "num_crossings": 2, "obstacle_type": _obstacle},
-        )
+# MiniGrid registers its lava crossings at 9 x 9 and up; this one is its own generator (CrossingEnv) at the
+# 7 x 7 of LavaGapS7, with two walls of lava to cross: 82 layouts instead of LavaGap's 8 or 15.
+if "MiniGrid-LavaCrossingS7N2-v0" not in gymnasium.registry:
+    gymnasium.register(
+        "MiniGrid-LavaCrossingS7N2-v0", "minigrid.envs:CrossingEnv", kwargs={"size": 7, "num_crossings": 2}
+    )
 TASKS = {
     "MiniGrid-LavaGapS6-v0": LAVA_GAP,  # 8 layouts: the lava column x in {2, 3}, its gap y in 1..4
     "MiniGrid-LavaGapS7-v0": LAVA_GAP,  # 15 layouts: x in {2, 3, 4}, y in 1..5
     "MiniGrid-LavaCrossingS7N2-v0": LAVA_CROSSING,  # 82 layouts: two of the 4 walls at x or y in {2, 4}
-    "MiniGrid-SimpleCrossingS7N2-v0": WALL_CROSSING,  # the same 82 layouts, walls in place of lava
     "MiniGrid-DoorKey-5x5-v0": Task(
         ("Left", "Right", "Forward", "Pickup", "Toggle"),
         "You are playing MiniGrid DoorKey. Pick up the key, unlock the door with it and reach the green goal "

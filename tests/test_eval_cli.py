@@ -37,6 +37,8 @@ def test_eval_base_model_and_checkpoint_agree_on_the_same_weights(tmp_path):
     assert 0.0 <= base["success_ci_low"] <= base["success_rate"] <= base["success_ci_high"] <= 1.0
     assert len(list((tmp_path / "base" / "step_000000").glob("*.gif"))) == 2
     assert json.loads((tmp_path / "base" / "summary.json").read_text()) == base
+    assert sum(base["end_reasons"].values()) == pytest.approx(1.0)  # every episode ended one way
+    assert set(base["end_reasons"]) <= {"success", "failure", "truncated", "max_turns", "action_budget"}
 
     # a checkpoint folder holding the untouched base weights gives the same greedy episodes
     from vagen.models.loading import load_policy

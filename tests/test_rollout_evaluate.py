@@ -21,21 +21,23 @@ def test_pass_at_k_unbiased_estimator():
 
 
 def record(
-    level: int, success: bool, actions: list[list[str]], invalid: list[int], ok: list[bool]
+    level: int, success: bool, actions: list[list[str]], invalid: list[int], ok: list[bool], end: str = ""
 ) -> EpisodeRecord:
     turns = [
         TurnRecord("obs", None, "r", "stop", 3, f, a, n, 1.0, 0.0, None, None, 1.0)
         for a, n, f in zip(actions, invalid, ok, strict=True)
     ]
-    return EpisodeRecord(0, 0, level, 0, turns=turns, episode_return=float(len(turns)), success=success)
+    return EpisodeRecord(
+        0, 0, level, 0, turns=turns, episode_return=float(len(turns)), success=success, end_reason=end
+    )
 
 
 def test_summarize_counts_episodes_turns_and_actions():
     episodes = [
-        record(1, True, [["Up"], ["Up", "Left"]], [0, 1], [True, False]),
-        record(1, False, [["Down"]], [0], [True]),
-        record(2, False, [[], ["Up"], ["Up"]], [2, 0, 0], [False, True, True]),
-        record(2, False, [["Left"]], [0], [True]),
+        record(1, True, [["Up"], ["Up", "Left"]], [0, 1], [True, False], "success"),
+        record(1, False, [["Down"]], [0], [True], "failure"),
+        record(2, False, [[], ["Up"], ["Up"]], [2, 0, 0], [False, True, True], "truncated"),
+        record(2, False, [["Left"]], [0], [True], "truncated"),
     ]
     s = summarize(episodes)
     assert (s.num_episodes, s.success_rate, s.mean_turns, s.mean_return) == (4, 0.25, 7 / 4, 7 / 4)
@@ -43,7 +45,9 @@ def test_summarize_counts_episodes_turns_and_actions():
     assert s.format_error_rate == pytest.approx(2 / 7)
     assert (s.k, s.pass_at_1, s.pass_at_k) == (2, pytest.approx(0.25), pytest.approx(0.5))
     assert (s.success_ci_low, s.success_ci_high) == wilson_interval(1, 4)
-    assert s.metrics()["val/success_rate"] == 0.25
+    assert s.end_reasons == {"truncated": 0.5, "success": 0.25, "failure": 0.25}  # most first
+    assert list(s.end_reasons) == ["truncated", "success", "failure"]
+    assert s.metrics()["val/success_rate"] == 0.25 and s.metrics()["val/end/truncated"] == 0.5
     assert s.grounding_f1 is None and "val/grounding_f1" not in s.metrics()  # no <observation> asked
     with pytest.raises(ValueError):
         summarize([])

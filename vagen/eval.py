@@ -1,4 +1,4 @@
-"""Evaluate a policy on the validation levels: success with its 95% CI, return, turns, GIFs.
+"""Evaluate a policy on the validation levels: success with its 95% CI, return, turns, how episodes end, GIFs.
 
     python -m vagen.eval --config configs/frozenlake_tiny.yaml \
         --checkpoint runs/frozenlake_tiny/checkpoints/step_000020 --episodes 256
@@ -104,6 +104,8 @@ def main(argv: list[str] | None = None) -> dict:
         f"mean return {summary.mean_return:.3f}, mean turns {summary.mean_turns:.2f}, "
         f"invalid actions {summary.invalid_action_rate:.3f}, pass@{summary.k} {summary.pass_at_k:.3f}"
     )
+    ends = summary.end_reasons.items()
+    print("episodes ended: " + ", ".join(f"{reason} {share:.3f}" for reason, share in ends))
     print(f"summary: {out / 'summary.json'}" + (f"; GIFs: {page}" if page else ""))
     return result
 

@@ -1,9 +1,10 @@
 """Evaluation on validation levels: success rate with a Wilson 95% interval, returns, turns, invalid actions,
-pass@k. `summarize` is a pure function of episode records; `evaluate` plays the episodes first; `validate`
-is the trainer's validation, every rank playing its share."""
+pass@k, how the episodes ended. `summarize` is a pure function of episode records; `evaluate` plays the
+episodes first; `validate` is the trainer's validation, every rank playing its share."""
 
 import math
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -50,9 +51,14 @@ class EvalSummary:
     pass_at_k: float  # k = group size: at least one success among the k tries of a level
     k: int
     grounding_f1: float | None = None  # mean <observation> fact F1 over turns (formats that have one)
+    # share of episodes per EpisodeRecord.end_reason (success, failure, truncated, max_turns, ...), most first
+    end_reasons: dict[str, float] = field(default_factory=dict)
 
     def metrics(self, prefix: str = "val/") -> dict[str, float]:
-        return {prefix + name: float(value) for name, value in asdict(self).items() if value is not None}
+        """Flat scalars: `<prefix><field>`, and `<prefix>end/<reason>` for the shares of `end_reasons`."""
+        scalars = {name: value for name, value in asdict(self).items() if name != "end_reasons"}
+        flat = {prefix + name: float(value) for name, value in scalars.items() if value is not None}
+        return flat | {f"{prefix}end/{reason}": share for reason, share in self.end_reasons.items()}
 
 
 def summarize(episodes: list[EpisodeRecord]) -> EvalSummary:
@@ -81,6 +87,10 @@ def summarize(episodes: list[EpisodeRecord]) -> EvalSummary:
         pass_at_k=sum(pass_at_k(len(v), sum(v), k) for v in by_level.values()) / len(by_level),
         k=k,
         grounding_f1=sum(grounding) / len(grounding) if grounding else None,
+        end_reasons={
+            reason: count / len(episodes)
+            for reason, count in Counter(ep.end_reason for ep in episodes).most_common()
+        },
     )
 
 

@@ -88,6 +88,8 @@ def test_two_step_run(tmp_path, adv, critic, kl_tokens):
     assert not undocumented, f"define these in docs/metrics.md: {sorted(undocumented)}"
     assert 0.0 <= summary["val_after"]["val/success_ci_low"] <= summary["val_after"]["val/success_rate"]
     assert "val/success_rate" in lines[0] and "val/success_rate" in lines[2]
+    ends = {k: v for k, v in lines[2].items() if k.startswith("val/end/")}
+    assert ends and sum(ends.values()) == pytest.approx(1.0), ends  # every validation episode ended one way
     assert "val/success_rate_blank_image" in lines[0] and "val/success_rate_blank_image" in lines[2]
     assert lines[0]["time/torch_threads"] == torch.get_num_threads()
     final = tmp_path / "checkpoints" / "step_000002"

@@ -35,10 +35,24 @@ class TurnRecord:
     features: np.ndarray | None = None  # its one-hot state vector (Observation.features), if the env has one
 
 
+# How an episode can end: the env's goal, its termination without it (lava, a hole), its truncation (its
+# step limit); the rollout's turn, action and context budgets; a reply cut at a banned token; a remote env
+# that failed (docs/env-service.md).
+END_REASONS = (
+    "success",
+    "failure",
+    "truncated",
+    "max_turns",
+    "action_budget",
+    "context_budget",
+    "banned_token",
+    "env_error",
+)
+
+
 @dataclass
 class EpisodeRecord:
-    """One episode: its seeds, turns and outcome. `end_reason`: success | failure | truncated |
-    max_turns | action_budget | context_budget | banned_token."""
+    """One episode: its seeds, turns and outcome; `end_reason` is one of END_REASONS."""
 
     group: int
     member: int

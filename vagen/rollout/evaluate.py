@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from vagen.distributed import comm_device
-from vagen.rollout.batch import EpisodeRecord
+from vagen.rollout.batch import END_REASONS, EpisodeRecord
 from vagen.rollout.manager import RolloutManager
 
 
@@ -120,10 +120,13 @@ def validate(
         sum(len(ep.turns) for ep in episodes),
         sum(ep.success for ep in blank),
         env_errors + (manager.env_errors if blank else 0),
+        *(sum(ep.end_reason == reason for ep in episodes) for reason in END_REASONS),
     ]
     totals = torch.tensor(counts, dtype=torch.float64, device=comm_device())
-    dist.all_reduce(totals)  # named reduction: SUM of successes, episodes, returns, turns, blank successes,
-    wins, n, total_return, total_turns, blank_wins, env_errors = totals.cpu().tolist()  # and env errors
+    # named reduction: SUM of successes, episodes, returns, turns, blank successes, env errors, and the
+    # episodes per end reason
+    dist.all_reduce(totals)
+    wins, n, total_return, total_turns, blank_wins, env_errors, *ends = totals.cpu().tolist()
     low, high = wilson_interval(int(wins), int(n))
     metrics = {
         "val/success_rate": wins / n,
@@ -132,7 +135,7 @@ def validate(
         "val/return_mean": total_return / n,
         "val/turns_mean": total_turns / n,
         "val/env_errors": env_errors,
-    }
+    } | {f"val/end/{reason}": count / n for reason, count in zip(END_REASONS, ends, strict=True) if count}
     if not manager.env_cfg.text_only:
         metrics["val/success_rate_blank_image"] = blank_wins / n
     return metrics

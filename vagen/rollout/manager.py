@@ -35,7 +35,7 @@ from vagen.config import EnvConfig, RolloutConfig
 from vagen.models.adapters import adapter_for
 from vagen.models.tiny import resolve_model_path
 from vagen.rollout.assembly import ActionReadout, ChatCodec, EpisodeAssembler, action_readout
-from vagen.rollout.batch import EpisodeRecord, RolloutBatch, TurnRecord, build_batch
+from vagen.rollout.batch import END_REASONS, EpisodeRecord, RolloutBatch, TurnRecord, build_batch
 from vagen.rollout.engines.base import Generation, GenerationEngine, Prompt, SamplingParams
 from vagen.rollout.reasoning import score_reasoning
 from vagen.rollout.seeds import EpisodeSeeds, SeedSchedule, derive_seed
@@ -162,6 +162,8 @@ class _Episode:
         self.live = True
 
     def end(self, reason: str) -> None:
+        if reason not in END_REASONS:
+            raise ValueError(f"end reason must be one of {END_REASONS}, got {reason!r}")
         self.live = False
         self.record.end_reason = reason
         images = self.observation.images

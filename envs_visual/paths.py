@@ -19,9 +19,8 @@ def goal_distances(grid: list[str], goal: str = "G", blocked: str = "H") -> dict
     while queue:
         row, col = queue.popleft()
         for d_row, d_col in SIDES:
-            cell = (row + d_row, col + d_col)
-            if 0 <= cell[0] < rows and 0 <= cell[1] < cols and grid[cell[0]][cell[1]] not in blocked:
-                if cell not in distance:
-                    distance[cell] = distance[(row, col)] + 1
-                    queue.append(cell)
+            r, c = row + d_row, col + d_col
+            if 0 <= r < rows and 0 <= c < cols and grid[r][c] not in blocked and (r, c) not in distance:
+                distance[(r, c)] = distance[(row, col)] + 1
+                queue.append((r, c))
     return distance

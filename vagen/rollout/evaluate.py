@@ -113,6 +113,7 @@ def validate(
     episodes = manager.play_episodes(share, temperature=temperature)
     env_errors = manager.env_errors
     blank = [] if manager.env_cfg.text_only else manager.play_episodes(share, temperature, blank_images=True)
+    ended = Counter(ep.end_reason for ep in episodes)
     counts = [
         sum(ep.success for ep in episodes),
         len(episodes),
@@ -120,7 +121,7 @@ def validate(
         sum(len(ep.turns) for ep in episodes),
         sum(ep.success for ep in blank),
         env_errors + (manager.env_errors if blank else 0),
-        *(sum(ep.end_reason == reason for ep in episodes) for reason in END_REASONS),
+        *(ended[reason] for reason in END_REASONS),
     ]
     totals = torch.tensor(counts, dtype=torch.float64, device=comm_device())
     # named reduction: SUM of successes, episodes, returns, turns, blank successes, env errors, and the
